@@ -1,0 +1,1 @@
+"""lightning_llm: PyTorch Lightning components for LLM post-training research."""

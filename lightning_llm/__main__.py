@@ -1,0 +1,3 @@
+from lightning_llm.cli import main
+
+main()

@@ -1,0 +1,54 @@
+"""Shared fixtures. Runs before any test module imports triton, so the interpreter switch takes effect."""
+
+from __future__ import annotations
+
+import os
+
+# Triton decides between compiled and interpreted kernels when `@triton.jit` runs, i.e. at import of the
+# kernel module; it must be set before that. On a machine without CUDA the interpreter is the only way
+# to execute the kernels, on CPU tensors.
+try:
+    import torch
+
+    _HAS_CUDA = torch.cuda.is_available()
+except Exception:  # pragma: no cover
+    _HAS_CUDA = False
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Nothing in the suite may reach a model or dataset hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Build the tiny backbone once per session into a fresh cache, never the user's."""
+    if "LIGHTNING_LLM_TEST_HOME" in os.environ:  # reuse a warm cache when iterating locally
+        os.environ["LIGHTNING_LLM_HOME"] = os.environ["LIGHTNING_LLM_TEST_HOME"]
+    else:
+        os.environ["LIGHTNING_LLM_HOME"] = str(tmp_path_factory.mktemp("lightning_llm_home"))
+
+
+@pytest.fixture(scope="session")
+def tiny_backbone(_isolated_home):
+    """(model, tokenizer) of the embedded tiny backbone, built once per session. Do not mutate the model."""
+    from lightning_llm.backbone import load_backbone
+
+    return load_backbone("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_backbone):
+    return tiny_backbone[1]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
