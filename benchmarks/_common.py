@@ -1,0 +1,151 @@
+"""Helpers shared by every benchmark script: provenance, timing, result files and the summary schema.
+
+Each benchmark writes ``benchmarks/results/<name>.json`` via :func:`write_result`. Whatever else it holds,
+the payload has a ``summary`` list of :class:`SummaryRow` (built with :func:`summary_row`), which
+``make_table.py`` turns into the README table, so every benchmark is compared "ours vs peer" the same way.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+class SummaryRow(TypedDict):
+    """One "ours vs peer" comparison; ``ratio = ours_value / peer_value``, ``better`` says which way wins."""
+
+    benchmark: str
+    ours: str
+    peer: str
+    metric: str
+    ours_value: float
+    peer_value: float
+    ratio: float
+    better: Literal["lower", "higher"]
+
+
+SUMMARY_KEYS = tuple(SummaryRow.__annotations__)
+
+
+def summary_row(
+    benchmark: str,
+    ours: str,
+    peer: str,
+    metric: str,
+    ours_value: float,
+    peer_value: float,
+    better: Literal["lower", "higher"],
+) -> SummaryRow:
+    """Build a :class:`SummaryRow`, computing the ratio so no script gets its direction wrong."""
+    if better not in ("lower", "higher"):
+        raise ValueError(f"better must be 'lower' or 'higher', got {better!r}")
+    ratio = ours_value / peer_value if peer_value else float("inf")
+    return SummaryRow(
+        benchmark=benchmark,
+        ours=ours,
+        peer=peer,
+        metric=metric,
+        ours_value=float(ours_value),
+        peer_value=float(peer_value),
+        ratio=ratio,
+        better=better,
+    )
+
+
+def _cpu_model() -> str:
+    """CPU model name; ``platform.processor()`` is often empty or just the arch on Linux."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the numbers came from: CPU model, usable cores, OS, Python, load, and the GPU if torch sees one."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info: dict[str, Any] = {
+        "cpu_model": _cpu_model(),
+        "cpu_cores": usable,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "gpu": None,
+        # other jobs on a shared machine skew timings; the load at measurement time says how much to trust them
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name()
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    return info
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """Installed distribution versions (``None`` when missing), read from metadata without importing."""
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def time_repeated(
+    fn: Callable[[], Any], reps: int = 5, warmup: int = 1, sync: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """Seconds per call of ``fn``: ``{"median", "min", "all"}`` over ``reps`` timed calls after ``warmup``.
+
+    ``sync`` (e.g. ``torch.cuda.synchronize``) runs before starting and after each call so asynchronous
+    device work is inside the measured interval.
+    """
+    if reps < 1:
+        raise ValueError("reps must be >= 1")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if sync is not None:
+            sync()
+        start = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times.append(time.perf_counter() - start)
+    return {"median": statistics.median(times), "min": min(times), "all": times}
+
+
+def utc_now() -> str:
+    """ISO-8601 UTC timestamp, second precision, for the ``date`` field of a result."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_result(name: str, payload: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
+    """Write ``payload`` to ``results_dir/<name>.json`` after checking its ``summary`` rows; returns the path."""
+    rows = payload.get("summary")
+    if not isinstance(rows, list) or not rows:
+        raise ValueError("payload needs a non-empty 'summary' list of summary_row(...) rows")
+    for row in rows:
+        missing = set(SUMMARY_KEYS) - set(row)
+        if missing:
+            raise ValueError(f"summary row {row} lacks {sorted(missing)}")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    return path

@@ -1,0 +1,8 @@
+"""Memory-efficient fused ops with a Triton path on CUDA and a plain-PyTorch reference everywhere else.
+
+Importing this package never imports Triton; the kernels are loaded on first use with CUDA tensors.
+"""
+
+from lightning_llm.kernels.fused_linear_logprobs import fused_linear_logprobs
+
+__all__ = ["fused_linear_logprobs"]

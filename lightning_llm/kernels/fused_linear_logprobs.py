@@ -1,0 +1,470 @@
+r"""Per-token log-probabilities and entropies of an LM head without materialising the logits.
+
+RL-style post-training (GRPO, PPO, entropy regularisers) needs, for every generated token, the log-prob
+of that token and the entropy of the full next-token distribution, plus gradients of both. The naive way
+builds ``[tokens, vocab]`` logits (several GiB for 8k tokens × 150k vocab), a same-sized
+``log_softmax``, and more of the same in backward. This op processes ``chunk_size`` tokens at a time,
+keeps only two floats per token (``lse`` and ``H``) for backward, and recomputes each chunk's logits there.
+
+Math (``T`` = temperature, ``z = hidden @ Wᵀ / T``, ``p = softmax(z)``, ``y`` = target)::
+
+    lse      = log Σ_j exp(z_j)
+    log p_y  = z_y − lse
+    H        = −Σ_j p_j log p_j = lse − Σ_j p_j z_j
+    ∂ log p_y / ∂z_j = 1[j = y] − p_j
+    ∂ H / ∂z_j       = −p_j (log p_j + H)
+
+so with upstream grads ``g_lp``, ``g_H`` the gradient w.r.t. the raw logits ``ℓ = hidden @ Wᵀ`` is
+``dℓ = (g_lp (onehot(y) − p) − g_H p (log p + H)) / T``, and ``grad_hidden = dℓ @ W``,
+``grad_W = dℓᵀ @ hidden``.
+
+Structure (shared by both backends, so the reference *is* the spec of the kernels)::
+
+    forward, per chunk:  ℓ = h_c @ Wᵀ (torch matmul, input dtype)  →  row stats (lse, H, log p_y)
+    backward, per chunk: ℓ = h_c @ Wᵀ again  →  ℓ := dℓ in place  →  grad_h_c = dℓ @ W,  grad_W += dℓᵀ @ h_c
+
+The row work is either the Triton kernels in :mod:`._fused_linear_logprobs_triton` (CUDA tensors with
+Triton installed) or the PyTorch functions :func:`_torch_row_stats` / :func:`_torch_row_grad_` here.
+The public function is a ``torch.library.custom_op`` with a registered fake and autograd formula, so it
+is opaque to, and works under, ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_llm.kernels._dispatch import triton_available, use_triton
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "fused_linear_logprobs"]
+
+#: Default memory budget for one chunk of logits (in the input dtype). ``chunk_size`` defaults to
+#: ``max(1, DEFAULT_CHUNK_BYTES // (vocab * itemsize))`` tokens, e.g. 524 tokens for a 32k fp32 vocab or
+#: 223 for a 150k bf16 vocab: large enough that the chunk matmul keeps the GPU busy, small enough that
+#: the logits never dominate memory. The reference path adds a few fp32 temporaries of the same shape.
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_BACKENDS = ("auto", "triton", "torch")
+
+
+def fused_linear_logprobs(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    targets: Tensor,
+    *,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    r"""Log-prob of ``targets`` and full-vocabulary entropy under ``softmax(hidden @ lm_head_weightᵀ / T)``.
+
+    Computes, chunk by chunk over tokens and never for all tokens at once, ``log p_y`` and
+    ``H = −Σ_j p_j log p_j``, differentiable w.r.t. ``hidden`` and ``lm_head_weight`` through both outputs.
+
+    Args:
+        hidden: ``[..., H]`` final hidden states, fp32/bf16/fp16.
+        lm_head_weight: ``[V, H]`` LM-head (unembedding) weight, same dtype and device as ``hidden``.
+        targets: ``[...]`` integer token ids in ``[0, V)``, same leading shape as ``hidden``. There is no
+            ``ignore_index``: compute every position and mask the outputs.
+        chunk_size: tokens per chunk; default keeps a chunk's logits near :data:`DEFAULT_CHUNK_BYTES`.
+        temperature: ``T > 0`` dividing the logits before the softmax.
+
+    Returns:
+        ``(logprobs, entropy)``, both fp32 with shape ``hidden.shape[:-1]``.
+
+    Reductions run in fp32 whatever the input dtype; the logits chunk and its in-place gradient are in
+    the input dtype (as a plain ``nn.Linear`` head would produce them); ``grad_W`` is accumulated across
+    chunks in fp32 (an extra ``V × H`` fp32 buffer during backward) and returned in the weight's dtype.
+    Inputs under ``torch.autocast`` are not re-cast: pass both tensors in the dtype you want.
+    """
+    return _fused_linear_logprobs(
+        hidden, lm_head_weight, targets, chunk_size=chunk_size, temperature=temperature
+    )
+
+
+def _fused_linear_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+    _backend: str = "auto",
+    _block_v: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`fused_linear_logprobs` with test hooks.
+
+    ``_backend`` forces ``"triton"`` (CPU tensors then need ``TRITON_INTERPRET=1``) or ``"torch"``;
+    ``_block_v`` forces the Triton vocabulary block so tests can exercise multi-block rows and masking on
+    small vocabularies.
+    """
+    _validate(hidden, weight, targets, chunk_size, temperature, _backend, _block_v)
+    leading = hidden.shape[:-1]
+    logprobs, entropy, _ = torch.ops.lightning_llm.fused_linear_logprobs(
+        hidden.reshape(-1, hidden.shape[-1]),
+        weight,
+        targets.reshape(-1).to(torch.long),
+        chunk_size or 0,
+        float(temperature),
+        _backend,
+        _block_v or 0,
+    )
+    return logprobs.reshape(leading), entropy.reshape(leading)
+
+
+def _validate(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    chunk_size: int | None,
+    temperature: float,
+    backend: str,
+    block_v: int | None,
+) -> None:
+    """Static checks (shapes, dtypes, scalars), done before the op so they also run under torch.compile.
+
+    The data-dependent check (targets in range) needs the values and runs inside the op.
+    """
+    if hidden.dim() < 1:
+        raise ValueError("hidden must have shape [..., H], got a 0-d tensor")
+    if weight.dim() != 2:
+        raise ValueError(f"lm_head_weight must have shape [V, H], got {tuple(weight.shape)}")
+    if weight.shape[0] < 1:
+        raise ValueError("lm_head_weight has an empty vocabulary (V = 0)")
+    if hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden size mismatch: hidden is {tuple(hidden.shape)} but lm_head_weight is "
+            f"{tuple(weight.shape)} (expected [V, {hidden.shape[-1]}])"
+        )
+    if targets.shape != hidden.shape[:-1]:
+        raise ValueError(
+            f"targets must have the leading shape of hidden {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}"
+        )
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
+        raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
+    if hidden.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"hidden dtype must be one of {_SUPPORTED_DTYPES}, got {hidden.dtype}")
+    if weight.dtype != hidden.dtype:
+        raise TypeError(
+            f"hidden ({hidden.dtype}) and lm_head_weight ({weight.dtype}) must share a dtype; cast one of them"
+        )
+    if not (hidden.device == weight.device == targets.device):
+        raise ValueError(
+            f"hidden, lm_head_weight and targets must be on one device, got "
+            f"{hidden.device}, {weight.device}, {targets.device}"
+        )
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"_backend must be one of {_BACKENDS}, got {backend!r}")
+    if block_v is not None and (block_v < 1 or block_v & (block_v - 1)):
+        raise ValueError(f"_block_v must be a power of two, got {block_v!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference row functions (the spec of the Triton kernels)
+# --------------------------------------------------------------------------------------------------
+
+
+def _torch_row_stats(
+    logits: Tensor,
+    targets: Tensor,
+    inv_temperature: float,
+    logprobs: Tensor,
+    entropy: Tensor,
+    lse: Tensor,
+) -> None:
+    """Fill ``logprobs`` (log p_y), ``entropy`` (−Σ p log p) and ``lse`` for one ``[rows, V]`` chunk.
+
+    Everything is computed in fp32 from ``z = logits · inv_temperature``.
+    """
+    log_p = logits.float() * inv_temperature
+    chunk_lse = torch.logsumexp(log_p, dim=-1)
+    log_p -= chunk_lse[:, None]
+    lse.copy_(chunk_lse)
+    entropy.copy_(-(log_p.exp() * log_p).sum(dim=-1))
+    logprobs.copy_(log_p.gather(1, targets[:, None]).squeeze(1))
+
+
+def _torch_row_grad_(
+    logits: Tensor,
+    targets: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    grad_logprobs: Tensor,
+    grad_entropy: Tensor,
+    inv_temperature: float,
+) -> None:
+    """Overwrite one ``[rows, V]`` chunk of raw logits with d(loss)/d(raw logits).
+
+    ``dz = g_lp (onehot(y) − p) − g_H p (log p + H)`` with ``p`` recomputed from the saved ``lse``, then
+    scaled by ``inv_temperature`` for the chain rule through ``z = logits / T``.
+    """
+    log_p = logits.float() * inv_temperature - lse[:, None]
+    p = log_p.exp()
+    dz = -p * (grad_logprobs[:, None] + grad_entropy[:, None] * (log_p + entropy[:, None]))
+    dz.scatter_add_(1, targets[:, None], grad_logprobs[:, None])
+    logits.copy_(dz * inv_temperature)
+
+
+# --------------------------------------------------------------------------------------------------
+# Chunked drivers (shared by both backends)
+# --------------------------------------------------------------------------------------------------
+
+
+def _resolve_backend(backend: str, *tensors: Tensor) -> str:
+    """Turn ``"auto"`` into ``"triton"`` or ``"torch"``; fail clearly when Triton is forced but missing."""
+    if backend == "auto":
+        return "triton" if use_triton(*tensors) else "torch"
+    if backend == "triton" and not triton_available():
+        raise RuntimeError("_backend='triton' was requested but triton cannot be imported")
+    return backend
+
+
+def _row_functions(backend: str, block_v: int) -> tuple[Callable[..., None], Callable[..., None]]:
+    """(row_stats, row_grad_) for a resolved backend; imports Triton only when it is actually used."""
+    if backend == "triton":
+        from lightning_llm.kernels import _fused_linear_logprobs_triton as tk
+
+        return partial(tk.row_stats, block_v=block_v), partial(tk.row_grad_, block_v=block_v)
+    return _torch_row_stats, _torch_row_grad_
+
+
+def _resolve_chunk_size(chunk_size: int, n_tokens: int, weight: Tensor) -> int:
+    """``chunk_size`` tokens per chunk, or the :data:`DEFAULT_CHUNK_BYTES` rule when it is 0."""
+    if chunk_size <= 0:
+        chunk_size = DEFAULT_CHUNK_BYTES // (weight.shape[0] * weight.element_size())
+    return max(1, min(chunk_size, n_tokens))
+
+
+def _check_targets(targets: Tensor, n_vocab: int) -> None:
+    """Raise on token ids outside ``[0, V)``: the kernels would otherwise read out of bounds silently.
+
+    One host sync per call on CUDA.
+    """
+    if targets.numel() and bool(((targets < 0) | (targets >= n_vocab)).any()):
+        bad = targets[(targets < 0) | (targets >= n_vocab)]
+        raise ValueError(
+            f"targets must lie in [0, {n_vocab}) (the vocabulary of lm_head_weight); "
+            f"found {bad.numel()} out of range, e.g. {bad[:5].tolist()}"
+        )
+
+
+def _forward_chunks(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    chunk_size: int,
+    temperature: float,
+    backend: str,
+    block_v: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(logprobs, entropy, lse), each fp32 ``[N]``, for ``hidden [N, H]``; one ``[chunk, V]`` buffer live."""
+    n_tokens, n_vocab = hidden.shape[0], weight.shape[0]
+    _check_targets(targets, n_vocab)
+    backend = _resolve_backend(backend, hidden, weight)
+    chunk = _resolve_chunk_size(chunk_size, n_tokens, weight)
+    inv_t = 1.0 / temperature
+    logprobs, entropy, lse = (hidden.new_empty(n_tokens, dtype=torch.float32) for _ in range(3))
+    targets = targets.contiguous()
+    row_stats, _ = _row_functions(backend, block_v)
+    for start in range(0, n_tokens, chunk):
+        end = min(start + chunk, n_tokens)
+        logits = hidden[start:end] @ weight.T
+        row_stats(logits, targets[start:end], inv_t, logprobs[start:end], entropy[start:end], lse[start:end])
+    return logprobs, entropy, lse
+
+
+def _backward_chunks(
+    grad_logprobs: Tensor,
+    grad_entropy: Tensor,
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    chunk_size: int,
+    temperature: float,
+    backend: str,
+    block_v: int,
+    need_hidden: bool,
+    need_weight: bool,
+) -> tuple[Tensor, Tensor]:
+    """(grad_hidden, grad_weight); an unneeded one is returned as an empty tensor and never computed.
+
+    ``grad_W`` is accumulated in fp32 across chunks; each chunk's ``dℓᵀ @ h_c`` is a single matmul in the
+    input dtype (fp32 accumulation inside cuBLAS), so the low-precision rounding happens once per chunk and
+    never compounds over the token dimension.
+    """
+    n_tokens = hidden.shape[0]
+    backend = _resolve_backend(backend, hidden, weight)
+    chunk = _resolve_chunk_size(chunk_size, n_tokens, weight)
+    inv_t = 1.0 / temperature
+    # contiguous (not empty_like, which copies a strided input's layout) so each chunk's out= slice is dense
+    grad_hidden = hidden.new_empty(hidden.shape if need_hidden else (0,))
+    grad_weight32 = (
+        torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+    )
+    targets, lse, entropy = targets.contiguous(), lse.contiguous(), entropy.contiguous()
+    grad_logprobs = grad_logprobs.to(torch.float32).contiguous()
+    grad_entropy = grad_entropy.to(torch.float32).contiguous()
+    _, row_grad_ = _row_functions(backend, block_v)
+    for start in range(0, n_tokens, chunk):
+        end = min(start + chunk, n_tokens)
+        h_c = hidden[start:end]
+        grad_logits = h_c @ weight.T  # recomputed logits, overwritten in place with their gradient
+        rows = slice(start, end)
+        row_grad_(
+            grad_logits,
+            targets[rows],
+            lse[rows],
+            entropy[rows],
+            grad_logprobs[rows],
+            grad_entropy[rows],
+            inv_t,
+        )
+        if need_hidden:
+            torch.mm(grad_logits, weight, out=grad_hidden[start:end])
+        if grad_weight32 is not None:
+            if grad_weight32.dtype == grad_logits.dtype:
+                grad_weight32.addmm_(grad_logits.T, h_c)
+            else:
+                grad_weight32 += grad_logits.T @ h_c
+    grad_weight = grad_weight32.to(weight.dtype) if grad_weight32 is not None else weight.new_empty(0)
+    return grad_hidden, grad_weight
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.library registration
+# --------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("lightning_llm::fused_linear_logprobs", mutates_args=())
+def _fused_linear_logprobs_op(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    chunk_size: int,
+    temperature: float,
+    backend: str,
+    block_v: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Flat ``[N, H]`` op returning (logprobs, entropy, lse); ``lse`` is only kept for backward.
+
+    ``chunk_size == 0`` / ``block_v == 0`` mean "default". Autocast is switched off inside so the logits
+    buffer keeps the input dtype that the in-place gradient and the backward matmuls rely on.
+    """
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _forward_chunks(hidden, weight, targets, chunk_size, temperature, backend, block_v)
+
+
+@_fused_linear_logprobs_op.register_fake
+def _(hidden, weight, targets, chunk_size, temperature, backend, block_v):
+    n_tokens = hidden.shape[0]
+    return tuple(hidden.new_empty(n_tokens, dtype=torch.float32) for _ in range(3))
+
+
+@torch.library.custom_op("lightning_llm::fused_linear_logprobs_backward", mutates_args=())
+def _fused_linear_logprobs_backward_op(
+    grad_logprobs: Tensor,
+    grad_entropy: Tensor,
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    chunk_size: int,
+    temperature: float,
+    backend: str,
+    block_v: int,
+    need_hidden: bool,
+    need_weight: bool,
+) -> tuple[Tensor, Tensor]:
+    """Backward of the forward op as its own op, so ``torch.compile`` treats the chunk loop as opaque."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _backward_chunks(
+            grad_logprobs,
+            grad_entropy,
+            hidden,
+            weight,
+            targets,
+            lse,
+            entropy,
+            chunk_size,
+            temperature,
+            backend,
+            block_v,
+            need_hidden,
+            need_weight,
+        )
+
+
+@_fused_linear_logprobs_backward_op.register_fake
+def _(
+    grad_logprobs,
+    grad_entropy,
+    hidden,
+    weight,
+    targets,
+    lse,
+    entropy,
+    chunk_size,
+    temperature,
+    backend,
+    block_v,
+    need_hidden,
+    need_weight,
+):
+    grad_hidden = hidden.new_empty(hidden.shape if need_hidden else (0,))
+    grad_weight = weight.new_empty(weight.shape if need_weight else (0,))
+    return grad_hidden, grad_weight
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]) -> None:
+    hidden, weight, targets, chunk_size, temperature, backend, block_v = inputs
+    _, entropy, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+    ctx.config = (chunk_size, temperature, backend, block_v)
+
+
+def _backward(
+    ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None, _grad_lse: Tensor | None
+) -> tuple[Tensor | None, ...]:
+    hidden, weight, targets, lse, entropy = ctx.saved_tensors
+    need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if grad_logprobs is None:
+        grad_logprobs = torch.zeros_like(lse)
+    if grad_entropy is None:
+        grad_entropy = torch.zeros_like(lse)
+    grad_hidden, grad_weight = torch.ops.lightning_llm.fused_linear_logprobs_backward(
+        grad_logprobs,
+        grad_entropy,
+        hidden,
+        weight,
+        targets,
+        lse,
+        entropy,
+        *ctx.config,
+        need_hidden,
+        need_weight,
+    )
+    return (
+        grad_hidden if need_hidden else None,
+        grad_weight if need_weight else None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+_fused_linear_logprobs_op.register_autograd(_backward, setup_context=_setup_context)
