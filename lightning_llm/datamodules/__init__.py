@@ -1,0 +1,33 @@
+"""Shared DataModules: chat SFT and RL prompts, from synthetic tasks (``tasks``) or real data (``sources``)."""
+
+from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
+from lightning_llm.datamodules.prompt import PromptDataModule
+from lightning_llm.datamodules.sources import DataSourceError, ExampleDataModule, load_records
+from lightning_llm.datamodules.tasks import (
+    ArithmeticTask,
+    CopyTask,
+    Example,
+    Task,
+    available_tasks,
+    extract_answer,
+    get_task,
+    register_task,
+    split_train_val,
+)
+
+__all__ = [
+    "ArithmeticTask",
+    "ChatSFTDataModule",
+    "CopyTask",
+    "DataSourceError",
+    "Example",
+    "ExampleDataModule",
+    "PromptDataModule",
+    "Task",
+    "available_tasks",
+    "extract_answer",
+    "get_task",
+    "load_records",
+    "register_task",
+    "split_train_val",
+]

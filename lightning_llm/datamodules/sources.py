@@ -1,0 +1,407 @@
+"""Where examples come from: a synthetic task or a real dataset, and the DataModule base that builds on either.
+
+Real data is a local ``.json`` / ``.jsonl`` / ``.parquet`` file or anything ``datasets.load_dataset`` accepts
+(a Hub name, a local data directory), mapped onto :class:`~lightning_llm.datamodules.tasks.Example` by a column
+mapping. Bad data fails at load time with the file, the line (JSONL) or index, and the column in the message:
+a silently skipped record is a silently different experiment.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_llm.datamodules.tasks import Example, Task, get_task, split_train_val
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["DataSourceError", "ExampleDataModule", "load_records"]
+
+FIELDS = ("prompt", "completion", "answer")
+_MESSAGES = "messages"
+_LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+
+class DataSourceError(ValueError):
+    """Bad input data; the message names the source, the record (line for JSONL) and the column."""
+
+
+def load_records(
+    source: str,
+    *,
+    split: str = "train",
+    columns: Mapping[str, str] | None = None,
+    required: Sequence[str] = ("prompt", "completion"),
+) -> list[Example]:
+    """Load a dataset as :class:`Example` s.
+
+    Args:
+        source: A local ``.json`` (a list of objects, or ``{"data": [...]}``), ``.jsonl`` or ``.parquet`` file;
+            a directory written by ``Dataset.save_to_disk``; otherwise anything ``datasets.load_dataset``
+            accepts (a Hub name, a local data directory).
+        split: The split to load; local files have a single split and ignore it.
+        columns: Maps our fields (``prompt``, ``completion``, ``answer``, ``messages``) to the source's column
+            names; unmapped fields are looked up under their own name.
+        required: The fields every record must have; a missing optional field becomes ``""``.
+
+    A record without a prompt column but with a ``messages`` column (a chat: a list of ``{"role", "content"}``)
+    gives the last user message as prompt and, when the chat ends with an assistant message, that message as
+    completion. Earlier turns and system messages are not kept. Columns not consumed go to ``metadata``, so
+    reward functions can use them.
+    """
+    mapping = dict(columns or {})
+    unknown = sorted(set(mapping) - {*FIELDS, _MESSAGES}) + sorted(set(required) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; fields are {[*FIELDS, _MESSAGES]}")
+    examples = [_to_example(record, where, mapping, required) for where, record in _read(source, split)]
+    if not examples:
+        raise DataSourceError(f"{source}: no records (empty file or split {split!r})")
+    return examples
+
+
+def _read(source: str, split: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Yield ``(location, record)``; ``location`` is what an error message shows to find the record."""
+    path = Path(source).expanduser()
+    suffix = path.suffix.lower()
+    if suffix in _LOCAL_SUFFIXES and not path.is_file():
+        raise FileNotFoundError(f"{source}: no such file")
+    if suffix == ".jsonl":
+        yield from _read_jsonl(path)
+    elif suffix == ".json":
+        yield from _read_json(path)
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for index, record in enumerate(pq.read_table(path).to_pylist()):
+            yield f"{path}, index {index}", record
+    else:
+        import datasets
+
+        if path.is_dir() and any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
+            dataset = datasets.load_from_disk(str(path))
+            if isinstance(dataset, datasets.DatasetDict):
+                dataset = dataset[split]
+        else:
+            dataset = datasets.load_dataset(source, split=split)
+        for index, record in enumerate(dataset):
+            yield f"{source} (split {split!r}), index {index}", record
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataSourceError(
+                    f"{where}: malformed JSON ({error.msg} at column {error.colno})"
+                ) from None
+            if not isinstance(record, dict):
+                raise DataSourceError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            yield where, record
+
+
+def _read_json(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DataSourceError(
+            f"{path}, line {error.lineno}: malformed JSON ({error.msg} at column {error.colno})"
+        ) from None
+    records = document.get("data") if isinstance(document, dict) else document
+    if not isinstance(records, list):
+        raise DataSourceError(f"{path}: expected a JSON list of objects or an object with a 'data' list")
+    for index, record in enumerate(records):
+        where = f"{path}, index {index}"
+        if not isinstance(record, dict):
+            raise DataSourceError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        yield where, record
+
+
+def _to_example(
+    record: Mapping[str, Any], where: str, mapping: Mapping[str, str], required: Sequence[str]
+) -> Example:
+    names = {name: mapping.get(name, name) for name in (*FIELDS, _MESSAGES)}
+    values: dict[str, str] = {}
+    consumed = set()
+    if names["prompt"] not in record and names[_MESSAGES] in record:
+        values = _from_messages(record[names[_MESSAGES]], where, names[_MESSAGES])
+        consumed.add(names[_MESSAGES])
+    for name in FIELDS:
+        column = names[name]
+        value = record.get(column)
+        if value is None:  # datasets and Parquet write null where a record lacks an optional column
+            if name in required and name not in values:
+                state = "null in" if column in record else "missing column"
+                renamed = f" (mapped from field {name!r})" if column != name else ""
+                hint = f" or a {names[_MESSAGES]!r} column" if name != "answer" else ""
+                raise DataSourceError(
+                    f"{where}: {state} {column!r}{renamed}{hint}; the record has columns {sorted(record)}"
+                )
+        elif isinstance(value, str):
+            values[name] = value
+        else:
+            raise DataSourceError(
+                f"{where}: column {column!r} must hold a string, got {type(value).__name__} {_preview(value)}"
+            )
+        if column in record:
+            consumed.add(column)
+    metadata = {key: value for key, value in record.items() if key not in consumed}
+    return Example(
+        prompt=values.get("prompt", ""),
+        completion=values.get("completion", ""),
+        answer=values.get("answer", ""),
+        metadata=metadata,
+    )
+
+
+def _from_messages(messages: Any, where: str, column: str) -> dict[str, str]:
+    """``prompt`` (last user message) and, if the chat ends with the assistant, ``completion``."""
+    if not isinstance(messages, list) or not all(
+        isinstance(message, Mapping)
+        and isinstance(message.get("role"), str)
+        and isinstance(message.get("content"), str)
+        for message in messages
+    ):
+        raise DataSourceError(
+            f"{where}: column {column!r} must be a list of {{'role': str, 'content': str}} objects, got "
+            f"{_preview(messages)}"
+        )
+    values = {}
+    if messages and messages[-1]["role"] == "assistant":
+        values["completion"] = messages[-1]["content"]
+        messages = messages[:-1]
+    users = [message["content"] for message in messages if message["role"] == "user"]
+    if not users:
+        raise DataSourceError(f"{where}: column {column!r} has no user message to use as the prompt")
+    values["prompt"] = users[-1]
+    return values
+
+
+def _preview(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _pad(sequences: Sequence[torch.Tensor], value: int, *, left: bool = False) -> torch.Tensor:
+    """Stack 1-D tensors into ``[B, max_len]``, filling with ``value`` on the right (or the left)."""
+    length = max(len(sequence) for sequence in sequences)
+    out = torch.full((len(sequences), length), value, dtype=sequences[0].dtype)
+    for row, sequence in zip(out, sequences, strict=True):
+        if left:
+            row[length - len(sequence) :] = sequence
+        else:
+            row[: len(sequence)] = sequence
+    return out
+
+
+class ExampleDataModule(L.LightningDataModule, ABC):
+    """Base of the DataModules: examples from a synthetic task or a real source, rendered by a chat template.
+
+    Subclasses decide what a training item is (:meth:`_build`) and how items are batched (:meth:`_collator`).
+    Data is built in :meth:`setup`, so each DDP process builds its own (cheap: generation and tokenization are
+    deterministic); the train loader is a ``StatefulDataLoader``, whose position Lightning stores in
+    checkpoints, so a mid-epoch resume continues with exactly the next batch.
+
+    Args:
+        task: Name of a registered synthetic task (``arithmetic``, ``copy``...); exactly one of ``task`` and
+            ``source`` must be set (set ``task`` to null to use a source).
+        task_kwargs: The task's parameters, e.g. ``{"digits": 3, "chain_of_thought": true}``.
+        source: A real dataset: a local ``.json``/``.jsonl``/``.parquet`` file, a ``save_to_disk`` directory,
+            or a Hugging Face dataset name or data directory.
+        columns: Maps our fields (``prompt``, ``completion``, ``answer``, ``messages``) to the source's columns.
+        split: Training split of a dataset source (local files have one split and ignore it).
+        val_split: Validation split of a dataset source; None holds out ``num_val`` records of the training
+            split instead. Validation prompts never appear in training either way.
+        tokenizer: Tokenizer name or path for ``load_tokenizer`` (the CLI links it to the model's name); it
+            must have a chat template.
+        system_prompt: Optional system message rendered before every prompt.
+        num_train: Number of training examples (for a source: at most this many, a seeded random subset).
+        num_val: Number of validation examples (for a source: at most this many).
+        batch_size: Examples per batch.
+        max_length: Token budget of one sequence. SFT cuts the response beyond it (the prompt is kept) and
+            packs blocks of this length unless ``block_size`` is given; RL drops longer prompts.
+        seed: Seed of example generation, subsampling and the training order.
+        shuffle: Whether the training order is reshuffled every epoch.
+        num_workers: DataLoader worker processes.
+    """
+
+    #: Fields every record of a real source must have.
+    _required: ClassVar[tuple[str, ...]]
+
+    def __init__(
+        self,
+        *,
+        task: str | None = "arithmetic",
+        task_kwargs: dict[str, Any] | None = None,
+        source: str | None = None,
+        columns: dict[str, str] | None = None,
+        split: str = "train",
+        val_split: str | None = None,
+        tokenizer: str = "tiny",
+        system_prompt: str | None = None,
+        num_train: int = 1000,
+        num_val: int = 100,
+        batch_size: int = 8,
+        max_length: int = 256,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if (task is None) == (source is None):
+            raise ValueError(
+                f"give exactly one of `task` and `source` (got task={task!r}, source={source!r}); to use a real "
+                "source set task=None (--data.task null)"
+            )
+        if task is None and task_kwargs:
+            raise ValueError("`task_kwargs` only apply to a synthetic task, but task=None")
+        if source is None and (columns or val_split is not None):
+            raise ValueError("`columns` and `val_split` only apply to a real source, but source=None")
+        if source is not None and val_split is not None and Path(source).suffix.lower() in _LOCAL_SUFFIXES:
+            raise ValueError(
+                f"{source}: a local file has a single split; leave val_split=None to hold out data"
+            )
+        for name, value, minimum in (
+            ("num_train", num_train, 1),
+            ("num_val", num_val, 0),
+            ("batch_size", batch_size, 1),
+            ("max_length", max_length, 2),
+            ("num_workers", num_workers, 0),
+        ):
+            if value < minimum:
+                raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        self.save_hyperparameters()
+        self._task = get_task(task, **(task_kwargs or {})) if task is not None else None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._train_data: list[Any] | None = None
+        self._val_data: list[Any] | None = None
+        self._val_examples: list[Example] | None = None
+
+    @property
+    def task(self) -> Task | None:
+        """The synthetic task (its ``score`` is the verifier), or None for a real source."""
+        return self._task
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The system message rendered before every prompt (evaluation callbacks generate with it too)."""
+        return self.hparams.system_prompt
+
+    @property
+    def val_examples(self) -> list[Example]:
+        """The held-out examples, in a fixed order (built by :meth:`setup`)."""
+        if self._val_examples is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for val_examples")
+        return self._val_examples
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The tokenizer, loaded on first use so that building a DataModule stays cheap."""
+        if self._tokenizer is None:
+            from lightning_llm.backbone import load_tokenizer
+
+            tokenizer = load_tokenizer(self.hparams.tokenizer)
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError(
+                    f"tokenizer {self.hparams.tokenizer!r} has no chat template; use a chat/instruct model's "
+                    "tokenizer or set `tokenizer.chat_template`"
+                )
+            self._tokenizer = tokenizer
+        return self._tokenizer
+
+    def prepare_data(self) -> None:
+        """Build (or download) the tokenizer once, on one process, before every process loads it."""
+        self.tokenizer  # noqa: B018
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._train_data is not None:
+            return
+        train, val = self._examples()
+        self._val_examples = val
+        self._train_data, self._val_data = self._build(train, val)
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        return StatefulDataLoader(
+            self._built(self._train_data),
+            batch_size=self.hparams.batch_size,
+            shuffle=self.hparams.shuffle,
+            collate_fn=self._collator(),
+            num_workers=self.hparams.num_workers,
+            generator=torch.Generator().manual_seed(self.hparams.seed),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self._built(self._val_data),
+            batch_size=self.hparams.batch_size,
+            shuffle=False,
+            collate_fn=self._collator(),
+            num_workers=self.hparams.num_workers,
+        )
+
+    @abstractmethod
+    def _build(self, train: list[Example], val: list[Example]) -> tuple[list[Any], list[Any]]:
+        """Turn the train and validation examples into dataset items (tokenized)."""
+
+    @abstractmethod
+    def _collator(self) -> Callable[[list[Any]], dict[str, Any]]:
+        """The batch collator: a picklable object, so that worker processes can use it."""
+
+    def _examples(self) -> tuple[list[Example], list[Example]]:
+        hp = self.hparams
+        if self._task is not None:
+            return split_train_val(self._task, hp.num_train, hp.num_val, hp.seed)
+        rng = random.Random(hp.seed)
+        records = load_records(hp.source, split=hp.split, columns=hp.columns, required=self._required)
+        if hp.val_split is None:
+            rng.shuffle(records)
+            val, records = records[: hp.num_val], records[hp.num_val :]
+        else:
+            val = load_records(hp.source, split=hp.val_split, columns=hp.columns, required=self._required)
+            val = rng.sample(val, min(hp.num_val, len(val)))
+            rng.shuffle(records)
+        held_out = {example.prompt for example in val}
+        train = [example for example in records if example.prompt not in held_out][: hp.num_train]
+        if not train:
+            raise DataSourceError(
+                f"{hp.source}: no training records left after holding out validation prompts"
+            )
+        return train, val
+
+    def _built(self, data: list[Any] | None) -> list[Any]:
+        if data is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
+        return data
+
+    def _messages(self, prompt: str, completion: str | None = None) -> list[dict[str, str]]:
+        messages = (
+            [{"role": "system", "content": self.hparams.system_prompt}] if self.hparams.system_prompt else []
+        )
+        messages.append({"role": "user", "content": prompt})
+        if completion is not None:
+            messages.append({"role": "assistant", "content": completion})
+        return messages
+
+    def _render_prompt(self, prompt: str) -> str:
+        """The chat-templated prompt up to and including the assistant header, as at generation time."""
+        return self.tokenizer.apply_chat_template(
+            self._messages(prompt), add_generation_prompt=True, tokenize=False
+        )
+
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids without extra special tokens: the chat template already wrote the ones it wants."""
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []

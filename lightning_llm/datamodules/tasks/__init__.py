@@ -1,0 +1,155 @@
+"""Synthetic tasks: seeded generators of prompts with a reference completion and an exact verifier.
+
+A task is the cheapest possible environment for post-training research: it produces unlimited, deduplicated
+data at no cost, and its verifier gives the reward (RL) or the accuracy (SFT evaluation) without a judge model.
+Verifiers parse strictly with regular expressions and never evaluate model output.
+
+Register a new task with :func:`register_task`; the DataModules look tasks up by name (``--data.task``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+__all__ = [
+    "Example",
+    "Task",
+    "available_tasks",
+    "extract_answer",
+    "get_task",
+    "register_task",
+    "split_train_val",
+]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One data point, shared by SFT (prompt → completion) and RL (prompt, verified against ``answer``).
+
+    Attributes:
+        prompt: The user message.
+        completion: The reference assistant response, the SFT target.
+        answer: The exact answer a verifier checks (empty when the source has none).
+        metadata: Anything else a reward function may need (task parameters, source columns).
+    """
+
+    prompt: str
+    completion: str
+    answer: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to(self, *args: Any, **kwargs: Any) -> Example:
+        """Return ``self``: examples ride along in batches, and Lightning moves a batch to the device by calling
+        ``.to`` on whatever has one, but rebuilds other dataclasses field by field, which fails on a frozen one
+        (and would copy it). With this the same objects reach ``training_step``."""
+        return self
+
+
+class Task(ABC):
+    """A seeded generator of :class:`Example` s with an exact verifier.
+
+    Subclasses set ``name`` and implement :meth:`generate` and :meth:`score`; their constructor arguments are
+    the task's parameters (passed as ``task_kwargs`` by the DataModules).
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def generate(self, n: int, seed: int) -> list[Example]:
+        """Return ``n`` examples, a pure function of the task's parameters, ``n`` and ``seed``."""
+
+    @abstractmethod
+    def score(self, completion: str, example: Example) -> float:
+        """Return 1.0 if ``completion`` states exactly ``example``'s answer, else 0.0."""
+
+
+_TaskT = TypeVar("_TaskT", bound=type[Task])
+_REGISTRY: dict[str, type[Task]] = {}
+
+
+def register_task(cls: _TaskT) -> _TaskT:
+    """Class decorator: make a :class:`Task` subclass available to :func:`get_task` under ``cls.name``."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{cls.__qualname__} must set a non-empty class attribute `name` to be registered")
+    existing = _REGISTRY.get(name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"task name {name!r} is already registered by {existing.__qualname__}")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def available_tasks() -> list[str]:
+    """Names of the registered tasks, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str, **kwargs: Any) -> Task:
+    """Instantiate the task registered as ``name`` with its parameters ``kwargs``."""
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(available_tasks())}") from None
+    return cls(**kwargs)
+
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_answer(text: str) -> str | None:
+    """The content of the *last* ``<answer>…</answer>`` in ``text`` (None if there is none).
+
+    The last tag counts because a model may draft answers while reasoning; only its final one is its answer.
+    """
+    matches = _ANSWER_RE.findall(text)
+    return matches[-1] if matches else None
+
+
+def split_train_val(
+    task: Task, num_train: int, num_val: int, seed: int
+) -> tuple[list[Example], list[Example]]:
+    """Generate a validation set and a training set whose prompts never occur in it.
+
+    Validation is ``task.generate(num_val, seed)``; training is drawn from seeds derived from ``seed`` and
+    filtered against the validation prompts, so a memorised training prompt can never inflate validation
+    accuracy. Training may repeat a prompt (small task spaces); it may not share one with validation.
+    """
+    if num_train < 1 or num_val < 0:
+        raise ValueError(f"need num_train >= 1 and num_val >= 0, got {num_train} and {num_val}")
+    val = task.generate(num_val, seed=seed) if num_val else []
+    held_out = {example.prompt for example in val}
+    train: list[Example] = []
+    # Each round draws at least as many as are still missing; if a whole round adds nothing, the task's
+    # prompt space is (almost) exhausted by validation and no amount of drawing will help.
+    for attempt in range(1, 1_000):
+        missing = num_train - len(train)
+        drawn = task.generate(max(2 * missing, 64), seed=_derive_seed(seed, attempt))
+        fresh = [example for example in drawn if example.prompt not in held_out]
+        if not fresh:
+            break
+        train.extend(fresh[:missing])
+        if len(train) == num_train:
+            return train, val
+    raise ValueError(
+        f"task {task.name!r} ({task!r}) cannot supply {num_train} training examples disjoint from its "
+        f"{num_val} validation prompts (got {len(train)}): its prompt space is too small; lower num_val or "
+        "make the task harder"
+    )
+
+
+def _derive_seed(seed: int, stream: int) -> int:
+    """A 63-bit seed for training round ``stream``, unrelated to ``seed`` itself (which validation uses)."""
+    digest = hashlib.blake2b(f"{seed}/train/{stream}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+# Built-in tasks register themselves on import; they need the names above, hence the late import.
+from lightning_llm.datamodules.tasks.arithmetic import ArithmeticTask  # noqa: E402
+from lightning_llm.datamodules.tasks.copy import CopyTask  # noqa: E402
+
+__all__ += ["ArithmeticTask", "CopyTask"]
