@@ -1,0 +1,5 @@
+"""Callbacks, one file per method."""
+
+from lightning_llm.callbacks.task_accuracy import TaskAccuracy
+
+__all__ = ["TaskAccuracy"]

@@ -1,0 +1,81 @@
+"""Helpers every module shares to get per-token log-probs from a Hugging Face causal LM without logits.
+
+The fused kernel needs the last hidden states and the LM-head weight separately, so the ``[tokens × vocab]``
+logits tensor is never built. That is only exact for heads that are a plain bias-free linear map; models that
+post-process logits (soft-capping, a logit scale) are refused at construction with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from lightning_llm.kernels import fused_linear_logprobs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+IGNORE_INDEX = -100
+
+
+def check_fused_compatible(model: PreTrainedModel) -> None:
+    """Raise if the model's logits are not ``hidden @ lm_head.weight.T`` (the fused path would be wrong)."""
+    head = model.get_output_embeddings()
+    if head is None or not isinstance(getattr(head, "weight", None), Tensor):
+        raise ValueError(f"{type(model).__name__} has no linear output embedding; fused log-probs need one")
+    if getattr(head, "bias", None) is not None:
+        raise ValueError(
+            f"{type(model).__name__}'s LM head has a bias, which the fused log-prob path ignores"
+        )
+    config = model.config
+    for attr in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
+        value = getattr(config, attr, None)
+        if value not in (None, 1.0, 0.0):
+            raise ValueError(
+                f"{type(model).__name__} post-processes its logits ({attr}={value}); the fused log-prob "
+                "path computes hidden @ W.T only and would give wrong log-probs"
+            )
+
+
+def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """Final hidden states ``[B, T, H]`` (after the final norm) without computing logits."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def target_logprobs(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    target_mask: Tensor,
+    *,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Log-prob and entropy of each next token selected by ``target_mask``.
+
+    ``target_mask[b, t]`` says whether token ``t`` of row ``b`` is predicted (from position ``t − 1``); the
+    first column is ignored. Returns two flat fp32 vectors in row-major order of the selected tokens: only
+    those tokens go through the LM head, so masked prompt tokens cost no vocabulary work.
+    """
+    hidden = last_hidden_states(model, input_ids, attention_mask)
+    select = target_mask[:, 1:].bool()
+    weight = model.get_output_embeddings().weight
+    return fused_linear_logprobs(
+        hidden[:, :-1][select],
+        weight,
+        input_ids[:, 1:][select],
+        chunk_size=chunk_size,
+        temperature=temperature,
+    )
+
+
+def labels_to_mask(input_ids: Tensor, labels: Tensor) -> Tensor:
+    """Target mask from HF-style labels (``-100`` = not trained). Labels must equal the input ids elsewhere."""
+    mask = labels != IGNORE_INDEX
+    if torch.any(labels[mask] != input_ids[mask]):
+        raise ValueError("labels must be the input ids with -100 on ignored positions (unshifted, HF style)")
+    return mask

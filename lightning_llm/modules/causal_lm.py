@@ -1,0 +1,235 @@
+"""Supervised fine-tuning / language-model training of any causal LM."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_llm.backbone import load_backbone
+from lightning_llm.modules._lm import check_fused_compatible, labels_to_mask, target_logprobs
+
+__all__ = ["CausalLMModule", "warmup_cosine"]
+
+
+def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class CausalLMModule(L.LightningModule):
+    r"""Masked next-token training: :math:`\mathcal{L} = -\frac{1}{|M|}\sum_{t \in M} \log \pi_\theta(y_t \mid y_{<t})`.
+
+    ``M`` is the set of label tokens over the *whole* global batch: under DDP each rank divides its summed
+    loss by the all-reduced token count (times the world size, since DDP averages gradients), so two ranks
+    with batch ``B`` take exactly the step one process takes with batch ``2B``, whatever the padding.
+    Log-probs come from :func:`lightning_llm.kernels.fused_linear_logprobs`, so the ``[tokens × vocab]``
+    logits are never materialised and prompt tokens (label ``-100``) never reach the LM head.
+
+    Args:
+        model: ``"tiny"`` (embedded, offline), a Hugging Face id, or a local directory.
+        lr: peak AdamW learning rate.
+        weight_decay: AdamW decoupled weight decay, applied to matrices only (not norms or biases).
+        betas: AdamW betas.
+        warmup_ratio: fraction of the total optimisation steps spent warming the LR up linearly.
+        min_lr_ratio: the cosine schedule decays to ``lr * min_lr_ratio``.
+        gradient_checkpointing: recompute activations in backward (HF's non-reentrant checkpointing).
+        logprob_chunk_size: tokens per chunk of the fused log-prob kernel (``None``: chosen by the kernel).
+        dtype: parameter dtype of the loaded model (``"bfloat16"``...); ``None`` keeps the checkpoint's.
+        trust_remote_code: allow a checkpoint's own Python code. Off by default.
+        save_dir: if set, the trained model and tokenizer are written there with ``save_pretrained``
+            (safetensors) at the end of ``fit``; ``load_backbone(save_dir)`` reloads them.
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        *,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_ratio: float = 0.05,
+        min_lr_ratio: float = 0.1,
+        gradient_checkpointing: bool = False,
+        logprob_chunk_size: int | None = None,
+        dtype: str | None = None,
+        trust_remote_code: bool = False,
+        save_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        if lr <= 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if not 0.0 <= warmup_ratio < 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+        self.save_hyperparameters()
+        self.model, self.tokenizer = load_backbone(model, dtype=dtype, trust_remote_code=trust_remote_code)
+        check_fused_compatible(self.model)
+        self.model.train()  # from_pretrained returns eval mode; Lightning keeps submodules' modes as found
+        if gradient_checkpointing:
+            # transformers 5 renamed the method (and its kwargs); 4.x only has the old name.
+            if hasattr(self.model, "activation_checkpointing_enable"):
+                self.model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
+            self.model.config.use_cache = False
+
+    # ------------------------------------------------------------------------------------------- loss
+
+    def token_logprobs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(log-probs, entropy) of every labelled token of the batch, as flat fp32 vectors."""
+        mask = labels_to_mask(batch["input_ids"], batch["labels"])
+        return target_logprobs(
+            self.model,
+            batch["input_ids"],
+            batch.get("attention_mask"),
+            mask,
+            chunk_size=self.hparams.logprob_chunk_size,
+        )
+
+    def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(loss to backpropagate, global token-mean NLL to log)."""
+        logprobs, _ = self.token_logprobs(batch)
+        nll_sum = -logprobs.sum()
+        stats = torch.stack([nll_sum.detach(), torch.tensor(float(logprobs.numel()), device=nll_sum.device)])
+        world = 1
+        if self._trainer is not None and self.trainer.world_size > 1:
+            world = self.trainer.world_size
+            stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
+        global_nll, global_count = stats[0], stats[1].clamp(min=1.0)
+        return nll_sum * world / global_count, global_nll / global_count
+
+    @override
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss, logged = self._loss(batch)
+        self.log("train/loss", logged, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    @override
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        _, logged = self._loss(batch)
+        # Already all-reduced inside _loss: every rank logs the same value, no sync needed.
+        self.log("val/loss", logged, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+
+    @override
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        _, logged = self._loss(batch)
+        self.log("test/loss", logged, batch_size=batch["input_ids"].shape[0])
+
+    @override
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, str]]:
+        """Greedy completions for a batch of prompts (``PromptDataModule`` batches or SFT batches)."""
+        completions = self.generate_ids(batch["input_ids"], batch["attention_mask"])
+        prompts = batch.get("prompt") or self.tokenizer.batch_decode(
+            batch["input_ids"], skip_special_tokens=True
+        )
+        return [{"prompt": p, "completion": c} for p, c in zip(prompts, completions, strict=True)]
+
+    # ------------------------------------------------------------------------------------- generation
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        system_prompt: str | None = None,
+    ) -> list[str]:
+        """Complete user messages, rendered with the tokenizer's chat template. ``temperature=0`` is greedy."""
+        rendered = []
+        for prompt in prompts:
+            messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+            messages.append({"role": "user", "content": prompt})
+            rendered.append(
+                self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            )
+        side = self.tokenizer.padding_side
+        self.tokenizer.padding_side = "left"  # generation appends on the right
+        try:
+            enc = self.tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
+        finally:
+            self.tokenizer.padding_side = side
+        enc = enc.to(self.device)
+        return self.generate_ids(
+            enc["input_ids"],
+            enc["attention_mask"],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+        )
+
+    @torch.no_grad()
+    def generate_ids(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+    ) -> list[str]:
+        """Complete left-padded token ids; returns the decoded new text (control tokens dropped)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            sampling = temperature > 0
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=sampling,
+                temperature=temperature if sampling else None,
+                top_p=top_p if sampling else None,
+                top_k=None,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+            )
+        finally:
+            self.model.train(was_training)
+        return self.tokenizer.batch_decode(out[:, input_ids.shape[1] :], skip_special_tokens=True)
+
+    # ------------------------------------------------------------------------------------ optimisation
+
+    @override
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": hp.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = int(hp.warmup_ratio * total)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, total, warmup, hp.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -------------------------------------------------------------------------------------- artefacts
+
+    @override
+    def on_fit_end(self) -> None:
+        if self.hparams.save_dir and self.trainer.is_global_zero:
+            self.save_pretrained(self.hparams.save_dir)
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        return directory

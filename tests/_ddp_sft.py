@@ -1,0 +1,67 @@
+"""Run by tests/test_ddp.py in a subprocess: Lightning's DDP launcher re-executes this script per rank."""
+
+import json
+import sys
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data.distributed import DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_llm.datamodules import ChatSFTDataModule
+from lightning_llm.modules import CausalLMModule
+
+
+class _Record(Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(trainer.callback_metrics["train/loss"]))
+
+
+class _SameGlobalOrder(ChatSFTDataModule):
+    """One process reading the global batch in the order Lightning's DDP sampler deals it to the ranks.
+
+    Under DDP Lightning always injects ``DistributedSampler(shuffle=True, seed=0)`` for training; rank r takes
+    ``perm[r::world]``. With one replica the same sampler yields ``perm`` itself, so a batch of 2B holds
+    exactly the union of the two ranks' batches of B.
+    """
+
+    def train_dataloader(self):
+        loader = super().train_dataloader()
+        sampler = DistributedSampler(loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
+        return StatefulDataLoader(
+            loader.dataset, batch_size=self.hparams.batch_size, sampler=sampler, collate_fn=loader.collate_fn
+        )
+
+
+def main(devices: int, batch_size: int, out: str) -> None:
+    L.seed_everything(0)
+    record = _Record()
+    trainer = L.Trainer(
+        strategy="ddp" if devices > 1 else "auto",
+        accelerator="cpu",
+        devices=devices,
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[record],
+    )
+    module = CausalLMModule(lr=3e-3, warmup_ratio=0.0)
+    data_cls = ChatSFTDataModule if devices > 1 else _SameGlobalOrder
+    # shuffle=False: Lightning then injects a plain DistributedSampler (its shuffled permutation is what
+    # _SameGlobalOrder reproduces); with shuffle=True it would wrap our RandomSampler instead.
+    data = data_cls(task="arithmetic", num_train=64, num_val=8, batch_size=batch_size, shuffle=False)
+    trainer.fit(module, data)
+    if trainer.is_global_zero:
+        params = torch.cat([p.detach().flatten() for p in module.model.parameters()])
+        json.dump({"losses": record.losses, "params_head": params[:4096].tolist()}, open(out, "w"))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
