@@ -25,9 +25,9 @@ class LightningLLMCLI(LightningCLI):
         parser.link_arguments("model.init_args.model", "data.init_args.tokenizer")
 
 
-def main(args: list[str] | None = None) -> LightningLLMCLI:
+def main(args: list[str] | None = None) -> None:
     """Entry point of the ``lightning-llm`` command (and ``python -m lightning_llm``)."""
-    return LightningLLMCLI(
+    LightningLLMCLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
