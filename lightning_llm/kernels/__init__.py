@@ -3,6 +3,6 @@
 Importing this package never imports Triton; the kernels are loaded on first use with CUDA tensors.
 """
 
-from lightning_llm.kernels.fused_linear_logprobs import fused_linear_logprobs
+from lightning_llm.kernels.fused_linear_logprobs import entropy_dynamics_reference, fused_linear_logprobs
 
-__all__ = ["fused_linear_logprobs"]
+__all__ = ["entropy_dynamics_reference", "fused_linear_logprobs"]

@@ -8,7 +8,8 @@ only does so on first use of the Triton path.
 The matmuls stay in PyTorch (cuBLAS); these kernels only do the per-row work on one chunk of logits:
 
 * :func:`_row_stats_kernel` — one streaming pass over the vocabulary with an online max, producing
-  ``lse``, the entropy and the target log-prob.
+  ``lse``, the entropy and the target log-prob, and with ``WITH_DYNAMICS`` (a constexpr: the default
+  specialisation carries no extra accumulator) the entropy-dynamics terms ``S_y`` and ``N``.
 * :func:`_row_grad_kernel` — recomputes ``p`` from the saved ``lse`` and overwrites the logits in place with
   d(loss)/d(raw logits), so backward needs no second ``[chunk, V]`` buffer.
 """
@@ -32,9 +33,12 @@ def _row_stats_kernel(
     logprobs_ptr,
     entropy_ptr,
     lse_ptr,
+    s_target_ptr,
+    n_ptr,
     n_vocab,
     inv_temperature,
     BLOCK_V: tl.constexpr,
+    WITH_DYNAMICS: tl.constexpr,
 ):
     """One program per row: logsumexp, entropy and target log-prob of ``z = logits * inv_temperature``.
 
@@ -45,9 +49,24 @@ def _row_stats_kernel(
 
     which gives ``H = lse − Σ p z = log s − t / s``: two non-negative terms, no cancellation of large
     logits. When the max grows from ``m`` to ``m'`` every accumulator is rescaled by ``exp(m − m')``, and
-    ``t`` is also re-centred (``z − m' = (z − m) − (m' − m)``). Another per-row reduction (e.g.
-    ``Σ p² (log p + H)`` for entropy dynamics, via ``Σ exp(2(z − m))`` and ``Σ exp(2(z − m))(z − m)``) is one
-    more accumulator with the same rescale-then-add update, and one more output pointer.
+    ``t`` is also re-centred (``z − m' = (z − m) − (m' − m)``).
+
+    ``WITH_DYNAMICS`` (constexpr; otherwise ``s_target_ptr`` / ``n_ptr`` are never touched) adds the
+    entropy-dynamics terms of arXiv 2602.03392, ``S_y = p_y (H + log p_y)`` and
+    ``N = Σ p² (log p + H)``, from two more accumulators with the same rescale-then-add update (the
+    rescale factor squared)::
+
+        a = Σ exp(2(z − m))            (Σ p² = a / s²)
+        b = Σ exp(2(z − m)) · (z − m)  (Σ p² log p = (b − a log s) / s²)
+
+    (the uncentred form ``Σ p² log p = e^{2(m−lse)}(B − lse·A)`` with ``B = Σ e^{2(z−m)} z`` is the same
+    quantity, but ``B`` and ``lse·A`` cancel for large logits; ``b`` is ``B`` centred on ``m``). Since
+    ``log p + H = (z − m) − t/s`` (the ``log s`` terms cancel exactly), the kernel evaluates::
+
+        N   = (b − a · t/s) / s²
+        S_y = p_y · ((z_y − m) − t/s)
+
+    i.e. ``Σ p² (z − E_p z)`` and ``p_y (z_y − E_p z)``, with no ``H + log p`` cancellation.
     """
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * logits_row_stride
@@ -56,6 +75,8 @@ def _row_stats_kernel(
     m = float("-inf")
     s = 0.0
     t = 0.0
+    a = 0.0
+    b = 0.0
     for start in range(0, n_vocab, BLOCK_V):
         offs = start + cols
         mask = offs < n_vocab
@@ -66,6 +87,11 @@ def _row_stats_kernel(
         rescale = tl.exp(m - m_new)
         zc = tl.where(mask, z - m_new, 0.0)
         e = tl.where(mask, tl.exp(zc), 0.0)
+        if WITH_DYNAMICS:
+            e2 = e * e
+            rescale2 = rescale * rescale
+            b = rescale2 * (b - shift * a) + tl.sum(e2 * zc, axis=0)
+            a = rescale2 * a + tl.sum(e2, axis=0)
         t = rescale * (t - shift * s) + tl.sum(e * zc, axis=0)
         s = rescale * s + tl.sum(e, axis=0)
         m = m_new
@@ -74,9 +100,14 @@ def _row_stats_kernel(
     lse = m + log_s
     target = tl.load(targets_ptr + row)
     z_target = tl.load(row_ptr + target).to(tl.float32) * inv_temperature
-    tl.store(logprobs_ptr + row, z_target - lse)
+    logprob = z_target - lse
+    tl.store(logprobs_ptr + row, logprob)
     tl.store(entropy_ptr + row, log_s - t / s)
     tl.store(lse_ptr + row, lse)
+    if WITH_DYNAMICS:
+        mean_zc = t / s  # E_p[z] − m
+        tl.store(s_target_ptr + row, tl.exp(logprob) * ((z_target - m) - mean_zc))
+        tl.store(n_ptr + row, (b - a * mean_zc) / (s * s))
 
 
 @triton.jit
@@ -134,11 +165,19 @@ def row_stats(
     logprobs: torch.Tensor,
     entropy: torch.Tensor,
     lse: torch.Tensor,
+    s_target: torch.Tensor | None = None,
+    n: torch.Tensor | None = None,
+    *,
     block_v: int,
 ) -> None:
-    """Fill ``logprobs``, ``entropy``, ``lse`` (fp32, ``[rows]``) from one contiguous ``[rows, V]`` chunk."""
+    """Fill ``logprobs``, ``entropy``, ``lse`` (fp32, ``[rows]``) from one contiguous ``[rows, V]`` chunk.
+
+    With ``s_target`` and ``n`` (fp32 ``[rows]``) the dynamics specialisation also fills those; without,
+    the default specialisation runs and ``lse`` stands in for the two unused pointers.
+    """
     rows, n_vocab = logits.shape
     block, num_warps = _launch_config(n_vocab, block_v)
+    with_dynamics = s_target is not None and n is not None
     _row_stats_kernel[(rows,)](
         logits,
         logits.stride(0),
@@ -146,9 +185,12 @@ def row_stats(
         logprobs,
         entropy,
         lse,
+        s_target if with_dynamics else lse,
+        n if with_dynamics else lse,
         n_vocab,
         inv_temperature,
         BLOCK_V=block,
+        WITH_DYNAMICS=with_dynamics,
         num_warps=num_warps,
     )
 

@@ -18,6 +18,17 @@ so with upstream grads ``g_lp``, ``g_H`` the gradient w.r.t. the raw logits ``�
 ``dℓ = (g_lp (onehot(y) − p) − g_H p (log p + H)) / T``, and ``grad_hidden = dℓ @ W``,
 ``grad_W = dℓᵀ @ hidden``.
 
+Entropy dynamics (arXiv 2602.03392, ``with_dynamics=True``; spec: :func:`entropy_dynamics_reference`).
+Writing ``S_j = p_j (log p_j + H)`` (so ``∂H/∂z_j = −S_j``) and ``k = y`` for the sampled token::
+
+    S_k = p_k (H + log p_k)          raising z_k by ε changes H by −ε · S_k
+    N   = Σ_i p_i² (log p_i + H)     = Σ_i p_i S_i
+
+A policy-gradient step on token ``k`` with advantage ``A`` and step ``η`` moves the logits by
+``ηA (onehot(k) − p)`` (the gradient of ``log p_k``), hence ``ΔH ≈ −ηA (S_k − N)`` to first order. Both
+come out of the same forward pass as two more per-row reductions (``Σ p²`` and ``Σ p² log p``); they are
+returned detached (they drive token masks and monitors, not losses).
+
 Structure (shared by both backends, so the reference *is* the spec of the kernels)::
 
     forward, per chunk:  ℓ = h_c @ Wᵀ (torch matmul, input dtype)  →  row stats (lse, H, log p_y)
@@ -26,7 +37,9 @@ Structure (shared by both backends, so the reference *is* the spec of the kernel
 The row work is either the Triton kernels in :mod:`._fused_linear_logprobs_triton` (CUDA tensors with
 Triton installed) or the PyTorch functions :func:`_torch_row_stats` / :func:`_torch_row_grad_` here.
 The public function is a ``torch.library.custom_op`` with a registered fake and autograd formula, so it
-is opaque to, and works under, ``torch.compile``.
+is opaque to, and works under, ``torch.compile``: ``lightning_llm::fused_linear_logprobs`` for the default
+outputs and ``lightning_llm::fused_linear_logprobs_dynamics`` (same arguments, two more outputs, same
+backward op) for ``with_dynamics=True``, so the default op's schema and work are unchanged.
 """
 
 from __future__ import annotations
@@ -34,14 +47,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
 
 from lightning_llm.kernels._dispatch import triton_available, use_triton
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "fused_linear_logprobs"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "entropy_dynamics_reference", "fused_linear_logprobs"]
 
 #: Default memory budget for one chunk of logits (in the input dtype). ``chunk_size`` defaults to
 #: ``max(1, DEFAULT_CHUNK_BYTES // (vocab * itemsize))`` tokens, e.g. 524 tokens for a 32k fp32 vocab or
@@ -53,6 +66,30 @@ _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BACKENDS = ("auto", "triton", "torch")
 
 
+@overload
+def fused_linear_logprobs(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    targets: Tensor,
+    *,
+    chunk_size: int | None = ...,
+    temperature: float = ...,
+    with_dynamics: Literal[False] = ...,
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def fused_linear_logprobs(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    targets: Tensor,
+    *,
+    chunk_size: int | None = ...,
+    temperature: float = ...,
+    with_dynamics: Literal[True],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]: ...
+
+
 def fused_linear_logprobs(
     hidden: Tensor,
     lm_head_weight: Tensor,
@@ -60,11 +97,24 @@ def fused_linear_logprobs(
     *,
     chunk_size: int | None = None,
     temperature: float = 1.0,
-) -> tuple[Tensor, Tensor]:
+    with_dynamics: bool = False,
+) -> tuple[Tensor, ...]:
     r"""Log-prob of ``targets`` and full-vocabulary entropy under ``softmax(hidden @ lm_head_weightᵀ / T)``.
 
     Computes, chunk by chunk over tokens and never for all tokens at once, ``log p_y`` and
     ``H = −Σ_j p_j log p_j``, differentiable w.r.t. ``hidden`` and ``lm_head_weight`` through both outputs.
+
+    With ``with_dynamics=True`` the same pass also returns the entropy-dynamics terms of arXiv 2602.03392
+    (METHODS.md §3), with ``z = logits / T``, ``p = softmax(z)`` and ``k = y`` the target (sampled) token::
+
+        S_k = p_k (H + log p_k)        # raising z_k by ε changes H by −ε·S_k   (∂H/∂z_k = −S_k)
+        N   = Σ_i p_i² (log p_i + H)   # a policy-gradient step on token k, z ← z + ηA(onehot(k) − p),
+                                       # changes H by ≈ −ηA (S_k − N)
+
+    They are derivatives w.r.t. the tempered logits ``z`` (w.r.t. the raw logits, divide by ``T``), are
+    computed in fp32 and are detached: no gradient flows through them, and ``logprobs`` / ``entropy`` and
+    their gradients are exactly those of the default call. :func:`entropy_dynamics_reference` is the
+    full-vocabulary spec (``S`` for every token, not only the target).
 
     Args:
         hidden: ``[..., H]`` final hidden states, fp32/bf16/fp16.
@@ -73,9 +123,12 @@ def fused_linear_logprobs(
             ``ignore_index``: compute every position and mask the outputs.
         chunk_size: tokens per chunk; default keeps a chunk's logits near :data:`DEFAULT_CHUNK_BYTES`.
         temperature: ``T > 0`` dividing the logits before the softmax.
+        with_dynamics: also return ``(s_target, n)``; costs two more per-row reductions in the forward
+            pass and nothing in backward. ``False`` runs exactly the default kernels.
 
     Returns:
-        ``(logprobs, entropy)``, both fp32 with shape ``hidden.shape[:-1]``.
+        ``(logprobs, entropy)``, or ``(logprobs, entropy, s_target, n)`` with ``with_dynamics=True``; all
+        fp32 with shape ``hidden.shape[:-1]``.
 
     Reductions run in fp32 whatever the input dtype; the logits chunk and its in-place gradient are in
     the input dtype (as a plain ``nn.Linear`` head would produce them); ``grad_W`` is accumulated across
@@ -83,7 +136,12 @@ def fused_linear_logprobs(
     Inputs under ``torch.autocast`` are not re-cast: pass both tensors in the dtype you want.
     """
     return _fused_linear_logprobs(
-        hidden, lm_head_weight, targets, chunk_size=chunk_size, temperature=temperature
+        hidden,
+        lm_head_weight,
+        targets,
+        chunk_size=chunk_size,
+        temperature=temperature,
+        with_dynamics=with_dynamics,
     )
 
 
@@ -94,9 +152,10 @@ def _fused_linear_logprobs(
     *,
     chunk_size: int | None = None,
     temperature: float = 1.0,
+    with_dynamics: bool = False,
     _backend: str = "auto",
     _block_v: int | None = None,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, ...]:
     """:func:`fused_linear_logprobs` with test hooks.
 
     ``_backend`` forces ``"triton"`` (CPU tensors then need ``TRITON_INTERPRET=1``) or ``"torch"``;
@@ -104,8 +163,15 @@ def _fused_linear_logprobs(
     small vocabularies.
     """
     _validate(hidden, weight, targets, chunk_size, temperature, _backend, _block_v)
+    if not isinstance(with_dynamics, bool):
+        raise TypeError(f"with_dynamics must be a bool, got {with_dynamics!r}")
     leading = hidden.shape[:-1]
-    logprobs, entropy, _ = torch.ops.lightning_llm.fused_linear_logprobs(
+    op = (
+        torch.ops.lightning_llm.fused_linear_logprobs_dynamics
+        if with_dynamics
+        else torch.ops.lightning_llm.fused_linear_logprobs
+    )
+    logprobs, entropy, _, *dynamics = op(
         hidden.reshape(-1, hidden.shape[-1]),
         weight,
         targets.reshape(-1).to(torch.long),
@@ -114,7 +180,7 @@ def _fused_linear_logprobs(
         _backend,
         _block_v or 0,
     )
-    return logprobs.reshape(leading), entropy.reshape(leading)
+    return tuple(t.reshape(leading) for t in (logprobs, entropy, *dynamics))
 
 
 def _validate(
@@ -173,6 +239,40 @@ def _validate(
 # --------------------------------------------------------------------------------------------------
 
 
+def entropy_dynamics_reference(logits: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Entropy-dynamics terms of arXiv 2602.03392 (METHODS.md §3) over the full vocabulary: the spec.
+
+    For ``p = softmax(z)`` over the last dimension of ``z = logits`` and ``H = −Σ_i p_i log p_i``::
+
+        S_j = p_j (H + log p_j)          ∂H/∂z_j = −S_j: raising logit j by ε changes H by −ε·S_j
+        N   = Σ_i p_i² (log p_i + H)     = Σ_i p_i S_i = E_p[S]
+
+    A policy-gradient step on sampled token ``k`` with advantage ``A`` and learning rate ``η`` moves the
+    logits by ``ηA ∇_z log p_k = ηA (onehot(k) − p)``, so to first order
+
+        ΔH ≈ Σ_j (−S_j) · ηA (1[j = k] − p_j) = −ηA (S_k − N).
+
+    ``S`` sums to zero over the vocabulary (``Σ_j S_j = −H + H = 0``), which is why a uniform shift of the
+    logits leaves ``H`` unchanged. :func:`fused_linear_logprobs` with ``with_dynamics=True`` returns
+    ``S_y`` (gathered at the target) and ``N`` without materialising the logits; this function is for
+    tests and models small enough to hold ``[..., V]``. Apply any temperature to ``logits`` first.
+
+    Args:
+        logits: ``[..., V]`` logits ``z``, any floating dtype.
+
+    Returns:
+        ``(S, N)`` with shapes ``[..., V]`` and ``[...]``, computed and returned in fp32, or in fp64 for
+        fp64 input. Plain autograd-traceable PyTorch (the fused op's are detached).
+    """
+    if not logits.dtype.is_floating_point:
+        raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    log_p = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    p = log_p.exp()
+    entropy = -(p * log_p).sum(dim=-1, keepdim=True)
+    s = p * (log_p + entropy)
+    return s, (p * s).sum(dim=-1)
+
+
 def _torch_row_stats(
     logits: Tensor,
     targets: Tensor,
@@ -180,10 +280,19 @@ def _torch_row_stats(
     logprobs: Tensor,
     entropy: Tensor,
     lse: Tensor,
+    s_target: Tensor | None = None,
+    n: Tensor | None = None,
 ) -> None:
     """Fill ``logprobs`` (log p_y), ``entropy`` (−Σ p log p) and ``lse`` for one ``[rows, V]`` chunk.
 
-    Everything is computed in fp32 from ``z = logits · inv_temperature``.
+    Everything is computed in fp32 from ``z = logits · inv_temperature``. When ``s_target`` and ``n`` are
+    given they are filled too (entropy dynamics, see :func:`entropy_dynamics_reference`)::
+
+        s_target = p_y (H + log p_y)
+        n        = Σ_j p_j² (log p_j + H)
+
+    ``logprobs``, ``entropy`` and ``lse`` are computed by the same operations either way, so the
+    dynamics outputs never change them (or the gradients that use them).
     """
     log_p = logits.float() * inv_temperature
     chunk_lse = torch.logsumexp(log_p, dim=-1)
@@ -191,6 +300,11 @@ def _torch_row_stats(
     lse.copy_(chunk_lse)
     entropy.copy_(-(log_p.exp() * log_p).sum(dim=-1))
     logprobs.copy_(log_p.gather(1, targets[:, None]).squeeze(1))
+    if s_target is not None and n is not None:
+        s_target.copy_(logprobs.exp() * (logprobs + entropy))
+        p_sq = log_p.exp().square_()
+        log_p += entropy[:, None]  # log p + H, in place
+        n.copy_(p_sq.mul_(log_p).sum(dim=-1))
 
 
 def _torch_row_grad_(
@@ -265,21 +379,27 @@ def _forward_chunks(
     temperature: float,
     backend: str,
     block_v: int,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(logprobs, entropy, lse), each fp32 ``[N]``, for ``hidden [N, H]``; one ``[chunk, V]`` buffer live."""
+    with_dynamics: bool = False,
+) -> tuple[Tensor, ...]:
+    """(logprobs, entropy, lse[, s_target, n]), each fp32 ``[N]``, for ``hidden [N, H]``.
+
+    One ``[chunk, V]`` logits buffer is live at a time. ``s_target`` and ``n`` (entropy dynamics) are
+    filled by the same row pass when ``with_dynamics``.
+    """
     n_tokens, n_vocab = hidden.shape[0], weight.shape[0]
     _check_targets(targets, n_vocab)
     backend = _resolve_backend(backend, hidden, weight)
     chunk = _resolve_chunk_size(chunk_size, n_tokens, weight)
     inv_t = 1.0 / temperature
-    logprobs, entropy, lse = (hidden.new_empty(n_tokens, dtype=torch.float32) for _ in range(3))
+    n_out = 5 if with_dynamics else 3
+    outputs = tuple(hidden.new_empty(n_tokens, dtype=torch.float32) for _ in range(n_out))
     targets = targets.contiguous()
     row_stats, _ = _row_functions(backend, block_v)
     for start in range(0, n_tokens, chunk):
         end = min(start + chunk, n_tokens)
         logits = hidden[start:end] @ weight.T
-        row_stats(logits, targets[start:end], inv_t, logprobs[start:end], entropy[start:end], lse[start:end])
-    return logprobs, entropy, lse
+        row_stats(logits, targets[start:end], inv_t, *(out[start:end] for out in outputs))
+    return outputs
 
 
 def _backward_chunks(
@@ -371,6 +491,34 @@ def _(hidden, weight, targets, chunk_size, temperature, backend, block_v):
     return tuple(hidden.new_empty(n_tokens, dtype=torch.float32) for _ in range(3))
 
 
+@torch.library.custom_op("lightning_llm::fused_linear_logprobs_dynamics", mutates_args=())
+def _fused_linear_logprobs_dynamics_op(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    chunk_size: int,
+    temperature: float,
+    backend: str,
+    block_v: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward op plus entropy dynamics: (logprobs, entropy, lse, s_target, n).
+
+    A separate op rather than a flag on the first one so that each has a fixed output arity and the
+    default op's schema is untouched. Same backward op; ``lse``, ``s_target`` and ``n`` are
+    non-differentiable.
+    """
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _forward_chunks(
+            hidden, weight, targets, chunk_size, temperature, backend, block_v, with_dynamics=True
+        )
+
+
+@_fused_linear_logprobs_dynamics_op.register_fake
+def _(hidden, weight, targets, chunk_size, temperature, backend, block_v):
+    n_tokens = hidden.shape[0]
+    return tuple(hidden.new_empty(n_tokens, dtype=torch.float32) for _ in range(5))
+
+
 @torch.library.custom_op("lightning_llm::fused_linear_logprobs_backward", mutates_args=())
 def _fused_linear_logprobs_backward_op(
     grad_logprobs: Tensor,
@@ -427,17 +575,19 @@ def _(
     return grad_hidden, grad_weight
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]) -> None:
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    """Shared by both forward ops: everything after ``(logprobs, entropy)`` is non-differentiable."""
     hidden, weight, targets, chunk_size, temperature, backend, block_v = inputs
-    _, entropy, lse = output
-    ctx.mark_non_differentiable(lse)
+    _, entropy, lse, *dynamics = output
+    ctx.mark_non_differentiable(lse, *dynamics)
     ctx.save_for_backward(hidden, weight, targets, lse, entropy)
     ctx.config = (chunk_size, temperature, backend, block_v)
 
 
 def _backward(
-    ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None, _grad_lse: Tensor | None
+    ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None, *_grad_rest: Tensor | None
 ) -> tuple[Tensor | None, ...]:
+    """Backward of both forward ops; grads of ``lse`` / ``s_target`` / ``n`` are ignored (always zero)."""
     hidden, weight, targets, lse, entropy = ctx.saved_tensors
     need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if grad_logprobs is None:
@@ -468,3 +618,4 @@ def _backward(
 
 
 _fused_linear_logprobs_op.register_autograd(_backward, setup_context=_setup_context)
+_fused_linear_logprobs_dynamics_op.register_autograd(_backward, setup_context=_setup_context)

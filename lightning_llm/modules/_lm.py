@@ -7,7 +7,8 @@ post-process logits (soft-capping, a logit scale) are refused at construction wi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -39,10 +40,22 @@ def check_fused_compatible(model: PreTrainedModel) -> None:
             )
 
 
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions counted over real tokens only, as ``generate`` does: left padding does not shift the prompt."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
 def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
-    """Final hidden states ``[B, T, H]`` (after the final norm) without computing logits."""
+    """Final hidden states ``[B, T, H]`` (after the final norm) without computing logits.
+
+    With an attention mask, position ids are derived from it, so a left-padded sequence is scored with the
+    same positions it was generated with.
+    """
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
-    out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    position_ids = None if attention_mask is None else position_ids_from_mask(attention_mask)
+    out = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
@@ -54,12 +67,13 @@ def target_logprobs(
     *,
     chunk_size: int | None = None,
     temperature: float = 1.0,
-) -> tuple[Tensor, Tensor]:
-    """Log-prob and entropy of each next token selected by ``target_mask``.
+    with_dynamics: bool = False,
+) -> tuple[Tensor, ...]:
+    """Log-prob and entropy (with ``with_dynamics`` also S_k and N) of each next token in ``target_mask``.
 
     ``target_mask[b, t]`` says whether token ``t`` of row ``b`` is predicted (from position ``t − 1``); the
-    first column is ignored. Returns two flat fp32 vectors in row-major order of the selected tokens: only
-    those tokens go through the LM head, so masked prompt tokens cost no vocabulary work.
+    first column is ignored. Returns flat fp32 vectors in row-major order of the selected tokens: only those
+    tokens go through the LM head, so masked prompt tokens cost no vocabulary work.
     """
     hidden = last_hidden_states(model, input_ids, attention_mask)
     select = target_mask[:, 1:].bool()
@@ -70,7 +84,17 @@ def target_logprobs(
         input_ids[:, 1:][select],
         chunk_size=chunk_size,
         temperature=temperature,
+        with_dynamics=with_dynamics,
     )
+
+
+def save_backbone(model: PreTrainedModel, tokenizer: Any, directory: str | Path) -> Path:
+    """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
 
 
 def labels_to_mask(input_ids: Tensor, labels: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbone import load_backbone
-from lightning_llm.modules._lm import check_fused_compatible, labels_to_mask, target_logprobs
+from lightning_llm.modules._lm import check_fused_compatible, labels_to_mask, save_backbone, target_logprobs
 
 __all__ = ["CausalLMModule", "warmup_cosine"]
 
@@ -228,8 +228,4 @@ class CausalLMModule(L.LightningModule):
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory, safe_serialization=True)
-        self.tokenizer.save_pretrained(directory)
-        return directory
+        return save_backbone(self.model, self.tokenizer, directory)

@@ -18,7 +18,7 @@ import torch
 
 from lightning_llm.kernels import fused_linear_logprobs
 from lightning_llm.kernels._dispatch import DISABLE_TRITON_ENV, triton_available, use_triton
-from lightning_llm.kernels.fused_linear_logprobs import _fused_linear_logprobs
+from lightning_llm.kernels.fused_linear_logprobs import _fused_linear_logprobs, entropy_dynamics_reference
 
 # The package re-exports the function under the module's own name, so `import ... as` would give the function.
 flp = importlib.import_module("lightning_llm.kernels.fused_linear_logprobs")
@@ -307,6 +307,7 @@ def _bad(**changes):
         (_bad(temperature=-1.0), ValueError, "temperature"),
         (_bad(temperature=float("nan")), ValueError, "temperature"),
         (_bad(chunk_size=0), ValueError, "chunk_size"),
+        (_bad(with_dynamics=1), TypeError, "with_dynamics"),
     ],
 )
 def test_input_validation(kwargs, error, match):
@@ -369,4 +370,173 @@ def test_cuda_auto_backend_uses_triton_and_saves_memory():
     naive_logits_bytes = n_tokens * vocab * 2
     assert peak < naive_logits_bytes, (
         f"peak {peak / 2**20:.0f} MiB vs naive logits {naive_logits_bytes / 2**20:.0f}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Entropy dynamics (arXiv 2602.03392, METHODS.md §3): S_k = p_k (H + log p_k), N = Σ p² (log p + H)
+# --------------------------------------------------------------------------------------------------
+
+
+def _entropy64(z: torch.Tensor) -> torch.Tensor:
+    log_p = torch.log_softmax(z, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def _random_logits64(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
+
+
+def test_entropy_dynamics_reference_finite_differences_of_s():
+    """Raising logit k by ε changes H by −ε·S_k: central difference over every (row, k), float64."""
+    z = _random_logits64(5, 11)
+    s, n = entropy_dynamics_reference(z)
+    assert s.shape == z.shape and n.shape == z.shape[:1] and s.dtype == n.dtype == torch.float64
+    eps = 1e-6
+    bump = eps * torch.eye(11, dtype=torch.float64)  # [k, V]: row k raises logit k
+    dh = (_entropy64(z[:, None, :] + bump) - _entropy64(z[:, None, :] - bump)) / (2 * eps)  # [rows, k]
+    # truncation ~ ε² · (third derivative of H) ~ 1e-12, rounding ~ 1e-16 / ε ~ 1e-10
+    torch.testing.assert_close(dh, -s, rtol=0, atol=1e-8)
+    torch.testing.assert_close(s.sum(-1), torch.zeros(5, dtype=torch.float64), rtol=0, atol=1e-14)
+    p = torch.softmax(z, -1)
+    torch.testing.assert_close(n, (p * s).sum(-1), rtol=0, atol=1e-14)
+
+
+def test_entropy_dynamics_reference_policy_gradient_step():
+    """One PG step z ← z + ηA(onehot(k) − p) changes H by −ηA(S_k − N) + O(η²): the ratio → 1 linearly in η."""
+    rows, vocab = 6, 11
+    z = _random_logits64(rows, vocab, seed=1)
+    k = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(2))
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0, 1.5, -0.3], dtype=torch.float64)
+    s, n = entropy_dynamics_reference(z)
+    s_k = s.gather(1, k[:, None]).squeeze(1)
+    assert (s_k - n).abs().min() > 1e-3, "ill-conditioned ratio; pick another seed"
+    p = torch.softmax(z, -1)
+    step_dir = adv[:, None] * (torch.nn.functional.one_hot(k, vocab).double() - p)
+
+    def rel_error(eta: float) -> torch.Tensor:
+        measured = _entropy64(z + eta * step_dir) - _entropy64(z)
+        predicted = -eta * adv * (s_k - n)
+        return (measured / predicted - 1).abs()
+
+    err_4, err_5 = rel_error(1e-4), rel_error(1e-5)
+    assert err_4.max() < 1e-3, err_4
+    # first-order prediction: the relative error (the O(η²) remainder over the O(η) change) shrinks ~10x
+    # per 10x smaller η
+    torch.testing.assert_close(err_4 / err_5, torch.full_like(err_4, 10.0), rtol=0.05, atol=0)
+
+
+def test_entropy_dynamics_reference_dtypes_and_edge_cases():
+    """fp32 compute for low-precision input; V = 1 and uniform rows have S = N = 0."""
+    s, n = entropy_dynamics_reference(torch.randn(2, 3, 7, dtype=torch.bfloat16))
+    assert s.dtype == n.dtype == torch.float32 and s.shape == (2, 3, 7) and n.shape == (2, 3)
+    for z in (torch.randn(4, 1), torch.full((4, 9), 3.0)):
+        s, n = entropy_dynamics_reference(z)
+        assert not s.any() and not n.any()
+    with pytest.raises(TypeError, match="floating point"):
+        entropy_dynamics_reference(torch.zeros(3, dtype=torch.long))
+
+
+def _dynamics_truth(
+    h: torch.Tensor, w: torch.Tensor, y: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (S_y, N) from the full logits through the (finite-difference-checked) reference."""
+    s, n = entropy_dynamics_reference(h.detach().double() @ w.detach().double().T / temperature)
+    return s.gather(-1, y[..., None]).squeeze(-1), n
+
+
+# (tokens, vocab, hidden, chunk, block_v, logit_scale): V = 1; one masked block (37 in 64); 17 blocks with a
+# 1-wide ragged tail (257 over 16); 8 blocks with a ragged tail (1000 over 128); nearly one-hot rows over
+# 7 blocks (scale 30, fp32 only, see test_triton_multi_block_rows). block_v only affects the Triton path.
+DYNAMICS_CASES = [
+    ((1, 1, 8, 4, None, 2.0), torch.float32),
+    ((7, 37, 24, 3, None, 2.0), torch.float32),
+    ((7, 37, 24, 3, None, 2.0), torch.bfloat16),
+    ((9, 257, 24, 4, 16, 2.0), torch.float32),
+    ((9, 257, 24, 4, 16, 2.0), torch.bfloat16),
+    ((9, 1000, 24, 4, 128, 2.0), torch.float32),
+    ((9, 1000, 24, 4, 128, 2.0), torch.bfloat16),
+    ((9, 100, 24, 4, 16, 30.0), torch.float32),
+]
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize(
+    ("case", "dtype"), DYNAMICS_CASES, ids=lambda v: str(v).replace("torch.", "").replace(" ", "")
+)
+def test_dynamics_match_float64(case, dtype, backend):
+    """``with_dynamics=True`` (S_y, N) vs float64 truth, two ways, with the file's TOLERANCE scheme.
+
+    Every other target is the row's argmax (as sampled tokens often are): with uniformly random targets
+    ``p_y`` and hence ``S_y`` are ~1e-2, too small for a ``max(|truth|, 1)``-scaled check to say much.
+
+    1. Truth from float64 ``hidden``/``weight`` with ``TOLERANCE[dtype]``, as for logprobs and entropy.
+       Observed: fp32 ≤ 3e-6; bf16 ≤ 1.1e-2, all of it from the bf16 logits chunk (both backends agree).
+    2. Truth from the op's own rounded logits chunk, i.e. the row reduction alone: ``TOLERANCE[float32]``
+       for every input dtype, since the reductions are fp32. Observed ≤ 3e-6.
+    """
+    n_tokens, vocab, hidden, chunk, block_v, logit_scale = case
+    h, w, y, _, _ = _inputs(n_tokens, vocab, hidden, dtype, seed=vocab, logit_scale=logit_scale)
+    with torch.no_grad():
+        logits = torch.cat([h[i : i + chunk] @ w.T for i in range(0, n_tokens, chunk)])  # as the op does
+    y[::2] = logits.argmax(-1)[::2]
+    with torch.no_grad():
+        lp, ent, s, n = _fused_linear_logprobs(
+            h, w, y, chunk_size=chunk, temperature=0.7, with_dynamics=True, _backend=backend, _block_v=block_v
+        )
+    assert s.dtype == n.dtype == torch.float32 and s.shape == n.shape == (n_tokens,)
+    ref_s, ref_n = _dynamics_truth(h, w, y, 0.7)
+    ref_lp, ref_ent = _truth(h, w, y, 0.7)
+    _assert_close(s, ref_s, dtype, "s_target")
+    _assert_close(n, ref_n, dtype, "n")
+    _assert_close(lp, ref_lp, dtype, "logprobs")
+    _assert_close(ent, ref_ent, dtype, "entropy")
+    chunk_s, chunk_n = entropy_dynamics_reference(logits.double() / 0.7)
+    _assert_close(s, chunk_s.gather(1, y[:, None]).squeeze(1), torch.float32, "s_target (same logits)")
+    _assert_close(n, chunk_n, torch.float32, "n (same logits)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_dynamics_leave_outputs_and_grads_unchanged(backend, dtype):
+    """logprobs, entropy and both gradients are bitwise those of the default call; S and N are detached."""
+    h, w, y, g_lp, g_ent = _inputs(10, 257, 16, dtype)
+    h3, y3 = h.detach().reshape(2, 5, 16).requires_grad_(), y.reshape(2, 5)
+    g_lp, g_ent = g_lp.reshape(2, 5), g_ent.reshape(2, 5)
+    kwargs = {"chunk_size": 4, "temperature": 0.7, "_backend": backend, "_block_v": 64}
+    lp, ent = _fused_linear_logprobs(h3, w, y3, **kwargs)
+    lp_d, ent_d, s, n = _fused_linear_logprobs(h3, w, y3, with_dynamics=True, **kwargs)
+    assert s.shape == n.shape == (2, 5) and not s.requires_grad and not n.requires_grad
+    torch.testing.assert_close(lp_d, lp, rtol=0, atol=0)
+    torch.testing.assert_close(ent_d, ent, rtol=0, atol=0)
+    for got, want in zip(
+        _grads(lp_d, ent_d, g_lp, g_ent, h3, w), _grads(lp, ent, g_lp, g_ent, h3, w), strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_dynamics_torch_compile_aot_eager_matches_eager():
+    h, w, y, g_lp, g_ent = _inputs(12, 37, 16, torch.float32)
+    h3, y3 = h.detach().reshape(3, 4, 16).requires_grad_(), y.reshape(3, 4)
+
+    def f(h, w, y):
+        lp, ent, s, n = fused_linear_logprobs(h, w, y, chunk_size=5, temperature=0.7, with_dynamics=True)
+        return lp, ent, s - n  # the PG entropy-change coefficient, as a monitor would use it
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    lp_c, ent_c, x_c = compiled(h3, w, y3)
+    lp_e, ent_e, x_e = f(h3, w, y3)
+    assert not x_c.requires_grad
+    for got, want in zip((lp_c, ent_c, x_c), (lp_e, ent_e, x_e), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    grads_c = _grads(lp_c, ent_c, g_lp.reshape(3, 4), g_ent.reshape(3, 4), h3, w)
+    grads_e = _grads(lp_e, ent_e, g_lp.reshape(3, 4), g_ent.reshape(3, 4), h3, w)
+    for got, want in zip(grads_c, grads_e, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_dynamics_opcheck():
+    h, w, y, _, _ = _inputs(6, 37, 8, torch.float32)
+    torch.library.opcheck(
+        torch.ops.lightning_llm.fused_linear_logprobs_dynamics, (h, w, y, 4, 0.7, "torch", 0)
     )
