@@ -1,0 +1,39 @@
+"""Multi-turn environments: what a model talks to between its turns in RL (a search engine, a game).
+
+:class:`~lightning_llm.envs.base.Environment` is the contract (stop strings, a turn budget, ``reset`` /
+``step`` / ``reward`` on text); :func:`~lightning_llm.envs.base.run_episode` is the reference loop on text.
+"""
+
+from lightning_llm.envs.base import Environment, EnvReply, Episode, cut_at_stop, run_episode
+from lightning_llm.envs.search import (
+    INVALID_ACTION,
+    BM25Retriever,
+    Doc,
+    Retriever,
+    SearchEnvironment,
+    SearchState,
+    exact_match,
+    final_answer,
+    load_corpus,
+    normalize_answer,
+    parse_action,
+)
+
+__all__ = [
+    "INVALID_ACTION",
+    "BM25Retriever",
+    "Doc",
+    "EnvReply",
+    "Environment",
+    "Episode",
+    "Retriever",
+    "SearchEnvironment",
+    "SearchState",
+    "cut_at_stop",
+    "exact_match",
+    "final_answer",
+    "load_corpus",
+    "normalize_answer",
+    "parse_action",
+    "run_episode",
+]
