@@ -35,8 +35,9 @@ def test_tokenizer_is_linked_to_model(tmp_path, monkeypatch, tiny_backbone):
     model.save_pretrained(save)
     tokenizer.save_pretrained(save)
     monkeypatch.chdir(tmp_path)
-    from lightning_llm.cli import LightningLLMCLI
     from lightning.pytorch import LightningDataModule, LightningModule
+
+    from lightning_llm.cli import LightningLLMCLI
 
     cli = LightningLLMCLI(
         LightningModule,
