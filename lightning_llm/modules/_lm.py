@@ -88,6 +88,21 @@ def target_logprobs(
     )
 
 
+def global_mean(total: Tensor, count: Tensor, trainer: Any | None) -> tuple[Tensor, Tensor]:
+    """``total / count`` with both summed over all processes: (term to backpropagate, value to log).
+
+    DDP averages gradients over ``world`` ranks, so the backpropagated term is scaled by ``world``: the
+    resulting gradient is exactly that of the global mean, whatever each rank's share of the count.
+    """
+    stats = torch.stack([total.detach().float(), count.detach().float()])
+    world = 1
+    if trainer is not None and trainer.world_size > 1:
+        world = trainer.world_size
+        stats = trainer.strategy.reduce(stats, reduce_op="sum")
+    denominator = stats[1].clamp(min=1.0)
+    return total * world / denominator, stats[0] / denominator
+
+
 def save_backbone(model: PreTrainedModel, tokenizer: Any, directory: str | Path) -> Path:
     """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
     directory = Path(directory)

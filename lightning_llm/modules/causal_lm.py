@@ -12,7 +12,13 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbone import load_backbone
-from lightning_llm.modules._lm import check_fused_compatible, labels_to_mask, save_backbone, target_logprobs
+from lightning_llm.modules._lm import (
+    check_fused_compatible,
+    global_mean,
+    labels_to_mask,
+    save_backbone,
+    target_logprobs,
+)
 
 __all__ = ["CausalLMModule", "warmup_cosine"]
 
@@ -101,14 +107,8 @@ class CausalLMModule(L.LightningModule):
     def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(loss to backpropagate, global token-mean NLL to log)."""
         logprobs, _ = self.token_logprobs(batch)
-        nll_sum = -logprobs.sum()
-        stats = torch.stack([nll_sum.detach(), torch.tensor(float(logprobs.numel()), device=nll_sum.device)])
-        world = 1
-        if self._trainer is not None and self.trainer.world_size > 1:
-            world = self.trainer.world_size
-            stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
-        global_nll, global_count = stats[0], stats[1].clamp(min=1.0)
-        return nll_sum * world / global_count, global_nll / global_count
+        count = torch.tensor(float(logprobs.numel()), device=logprobs.device)
+        return global_mean(-logprobs.sum(), count, self._trainer)
 
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
