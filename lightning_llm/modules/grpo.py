@@ -1,0 +1,482 @@
+"""Group-relative policy optimisation (GRPO) for any causal LM, with the RL hook points of ``RLCallback``."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_llm.backbone import load_backbone
+from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
+from lightning_llm.envs import Environment
+from lightning_llm.modules._lm import check_fused_compatible, global_mean, save_backbone, target_logprobs
+from lightning_llm.modules.causal_lm import warmup_cosine
+from lightning_llm.rewards import RewardFn, get_reward
+from lightning_llm.rollout import HFEngine, Rollout, RolloutEngine, Sampling, run_episodes
+
+__all__ = ["GRPOModule", "group_advantages"]
+
+
+def group_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    scale: Literal["group", "batch", "none"],
+    eps: float = 1e-4,
+    batch_std: Tensor | None = None,
+) -> Tensor:
+    r"""Sequence advantages :math:`A_i = (r_i - \bar r_{g(i)}) / s`.
+
+    ``s`` is the (unbiased) std of the row's group (``"group"``, as in DeepSeekMath/TRL), of the whole batch
+    (``"batch"``; pass ``batch_std`` when the batch spans several processes) or 1 (``"none"``, as in Dr. GRPO).
+    """
+    num_groups = int(group_ids.max()) + 1
+    counts = torch.bincount(group_ids, minlength=num_groups).to(rewards.dtype)
+    means = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(
+        0, group_ids, rewards
+    )
+    means = means / counts
+    centred = rewards - means[group_ids]
+    if scale == "none":
+        return centred
+    if scale == "batch":
+        return centred / ((rewards.std() if batch_std is None else batch_std) + eps)
+    sq = torch.zeros_like(means).index_add_(0, group_ids, centred**2)
+    std = (sq / (counts - 1).clamp(min=1)).sqrt()
+    return centred / (std[group_ids] + eps)
+
+
+class GRPOModule(L.LightningModule):
+    r"""GRPO: sample a group of completions per prompt, score them, and push up the better-than-group ones.
+
+    For each prompt :math:`q` a group of :math:`G` completions is sampled; rewards are combined
+    (:math:`r_i = \sum_j w_j R_j(o_i)`) and turned into advantages by :func:`group_advantages`. The clipped
+    surrogate per trainable token is
+
+    .. math::
+        \ell_t = -\min\big(\rho_t A_t,\ \mathrm{clip}(\rho_t, 1-\epsilon, 1+\epsilon_{high}) A_t\big)
+                 + \beta\, \mathbb{D}_{KL,t}, \qquad \rho_t = \frac{\pi_\theta(o_t)}{\pi_{old}(o_t)},
+
+    with the k3 estimator :math:`\mathbb{D}_{KL,t} = e^{r_t} - r_t - 1,\ r_t = \log\pi_{ref} - \log\pi_\theta`,
+    aggregated as a token mean over the (global) batch or a mean of per-sequence means. Each rollout batch is
+    used for ``ppo_epochs × mini_batches`` updates with the rollout-time log-probs as :math:`\pi_{old}`.
+
+    The module knows no method: :class:`~lightning_llm.callbacks.RLCallback` s in ``trainer.callbacks`` reshape
+    rollouts (``on_rollout_end``) and add loss terms or drop tokens (``on_policy_loss``). Log-probs, entropy and
+    (when a callback asks) the entropy-dynamics terms come from one fused pass that never builds full logits.
+
+    Args:
+        model: ``"tiny"``, a Hugging Face id, or a local directory (e.g. an SFT run's ``save_dir``).
+        rewards: reward names (``"task"``: the DataModule's verifier; ``"env"``: the environment's reward;
+            others from :mod:`lightning_llm.rewards`) or callables. Default: ``["env"]`` with an environment,
+            else ``["task"]``.
+        reward_weights: one weight per reward (default all 1).
+        group_size: completions per prompt (G).
+        max_new_tokens: generation budget per completion (per turn with an environment).
+        temperature: sampling temperature of rollouts.
+        top_p: nucleus sampling of rollouts.
+        scale_rewards: advantage normalisation, see :func:`group_advantages`.
+        epsilon: lower clip range ε.
+        epsilon_high: upper clip range (``None``: same as ``epsilon``; DAPO's clip-higher uses 0.28).
+        beta: KL coefficient; 0 (default) loads no reference model at all.
+        loss_aggregation: ``"token-mean"`` over all trainable tokens of the global mini-batch, or
+            ``"sequence-mean"`` (mean over sequences of per-sequence token means, as in the original GRPO).
+        ppo_epochs: passes over each rollout batch.
+        mini_batches: updates per pass (rows are split into this many mini-batches).
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay (matrices only).
+        warmup_ratio: linear warm-up fraction of the total updates, then cosine decay to ``min_lr_ratio``.
+        min_lr_ratio: cosine floor.
+        max_grad_norm: gradient clipping norm (``0`` disables clipping; the norm is logged either way).
+        env: a multi-turn :class:`~lightning_llm.envs.Environment` (e.g. ``SearchEnvironment``); ``None`` for
+            single-turn generation.
+        logprob_chunk_size: tokens per chunk of the fused log-prob kernel.
+        eval_max_new_tokens: generation budget of greedy validation rollouts.
+        dtype: parameter dtype of the loaded model.
+        trust_remote_code: allow a checkpoint's own code (off by default).
+        save_dir: write the final policy there with ``save_pretrained`` at the end of ``fit``.
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        *,
+        rewards: Sequence[str | Callable[..., Sequence[float]]] | None = None,
+        reward_weights: Sequence[float] | None = None,
+        group_size: int = 8,
+        max_new_tokens: int = 32,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        scale_rewards: Literal["group", "batch", "none"] = "group",
+        epsilon: float = 0.2,
+        epsilon_high: float | None = None,
+        beta: float = 0.0,
+        loss_aggregation: Literal["token-mean", "sequence-mean"] = "token-mean",
+        ppo_epochs: int = 1,
+        mini_batches: int = 1,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        warmup_ratio: float = 0.0,
+        min_lr_ratio: float = 1.0,
+        max_grad_norm: float = 1.0,
+        env: Environment | None = None,
+        logprob_chunk_size: int | None = None,
+        eval_max_new_tokens: int | None = None,
+        dtype: str | None = None,
+        trust_remote_code: bool = False,
+        save_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        rewards = list(rewards) if rewards is not None else (["env"] if env is not None else ["task"])
+        if not rewards:
+            raise ValueError("give at least one reward")
+        if reward_weights is not None and len(reward_weights) != len(rewards):
+            raise ValueError(f"{len(reward_weights)} reward_weights for {len(rewards)} rewards")
+        if group_size < 2:
+            raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
+        if ppo_epochs < 1 or mini_batches < 1:
+            raise ValueError("ppo_epochs and mini_batches must be >= 1")
+        if not 0 < epsilon < 1 or (epsilon_high is not None and epsilon_high <= 0):
+            raise ValueError(f"need 0 < epsilon < 1 and epsilon_high > 0, got {epsilon}, {epsilon_high}")
+        if "env" in rewards and env is None:
+            raise ValueError("reward 'env' needs an environment (env=...)")
+        if beta < 0 or lr <= 0 or max_grad_norm < 0:
+            raise ValueError("beta and max_grad_norm must be >= 0 and lr > 0")
+        self.save_hyperparameters(ignore=["env", "rewards"])
+        self.automatic_optimization = False  # several updates per rollout batch
+        self.reward_specs = rewards
+        self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(rewards)
+        self.env = env
+        self.model, self.tokenizer = load_backbone(model, dtype=dtype, trust_remote_code=trust_remote_code)
+        check_fused_compatible(self.model)
+        self.model.train()
+        self.ref_model = None
+        if beta > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.engine: RolloutEngine = HFEngine(self.model)
+        self._reward_fns: list[tuple[str, Any]] | None = None
+
+    # ----------------------------------------------------------------------------------------- rewards
+
+    def _rewards(self) -> list[tuple[str, Any]]:
+        if self._reward_fns is None:
+            task = getattr(self.trainer.datamodule, "task", None) if self._trainer is not None else None
+            resolved: list[tuple[str, Any]] = []
+            for spec in self.reward_specs:
+                if callable(spec):
+                    resolved.append((getattr(spec, "__name__", "reward"), spec))
+                elif spec == "task":
+                    if task is None:
+                        raise ValueError("reward 'task' needs a DataModule with a synthetic task (data.task)")
+                    resolved.append(("task", _task_reward(task)))
+                elif spec == "env":
+                    resolved.append(("env", "env"))
+                else:
+                    resolved.append((spec, get_reward(spec)))
+            self._reward_fns = resolved
+        return self._reward_fns
+
+    def _score(self, completions: list[str], examples: list[Any], states: list[Any]) -> dict[str, Tensor]:
+        out = {}
+        for name, fn in self._rewards():
+            if fn == "env":
+                values = [
+                    self.env.reward(s, e, c) for s, e, c in zip(states, examples, completions, strict=True)
+                ]
+            else:
+                values = list(fn(completions, examples))
+            if len(values) != len(completions):
+                raise ValueError(
+                    f"reward {name!r} returned {len(values)} scores for {len(completions)} completions"
+                )
+            out[name] = torch.tensor([float(v) for v in values], dtype=torch.float32, device=self.device)
+        return out
+
+    # ----------------------------------------------------------------------------------------- rollouts
+
+    def _rl_callbacks(self) -> list[RLCallback]:
+        return [cb for cb in self.trainer.callbacks if isinstance(cb, RLCallback)]
+
+    @torch.no_grad()
+    def make_rollout(self, batch: dict[str, Any], *, group_size: int, sampling: Sampling) -> Rollout:
+        """Sample ``group_size`` completions per prompt of a ``PromptDataModule`` batch and score them."""
+        prompt_ids = batch["input_ids"].repeat_interleave(group_size, dim=0)
+        prompt_mask = batch["attention_mask"].repeat_interleave(group_size, dim=0)
+        examples = [ex for ex in batch["example"] for _ in range(group_size)]
+        completion, completion_mask, states = run_episodes(
+            self.engine, self.tokenizer, prompt_ids, prompt_mask, examples, sampling=sampling, env=self.env
+        )
+        ids = torch.cat([prompt_ids, completion], dim=1)
+        real = completion != self.tokenizer.pad_token_id
+        real |= completion_mask  # a trainable token equal to pad (pad == eos models) is still real
+        attention = torch.cat([prompt_mask, real.long()], dim=1)
+        loss_mask = torch.cat([torch.zeros_like(prompt_mask, dtype=torch.bool), completion_mask], dim=1)
+        texts = [
+            self.tokenizer.decode(row[: int(m.sum())], skip_special_tokens=True)
+            for row, m in zip(completion, real, strict=True)
+        ]
+        num_prompts = batch["input_ids"].shape[0]
+        rollout = Rollout(
+            input_ids=ids,
+            attention_mask=attention,
+            loss_mask=loss_mask,
+            prompt_length=prompt_ids.shape[1],
+            group_ids=torch.arange(num_prompts, device=ids.device).repeat_interleave(group_size),
+            completions=texts,
+            examples=examples,
+            metadata={"env_states": states},
+        )
+        rollout.reward_components = self._score(texts, examples, states)
+        total = torch.zeros(rollout.num_rows, device=ids.device)
+        for (name, _), weight in zip(self._rewards(), self.reward_weights, strict=True):
+            total += weight * rollout.reward_components[name]
+        rollout.rewards = total
+        return rollout
+
+    def _token_stats(
+        self, model: Any, rollout: Rollout, rows: Tensor, *, dynamics: bool = False
+    ) -> tuple[Tensor, ...]:
+        return target_logprobs(
+            model,
+            rollout.input_ids[rows],
+            rollout.attention_mask[rows],
+            rollout.loss_mask[rows],
+            chunk_size=self.hparams.logprob_chunk_size,
+            with_dynamics=dynamics,
+        )
+
+    def _dense(self, rollout: Rollout, flat: Tensor) -> Tensor:
+        out = torch.zeros(rollout.loss_mask.shape, dtype=flat.dtype, device=flat.device)
+        out[rollout.loss_mask] = flat
+        return out
+
+    # ------------------------------------------------------------------------------------------ training
+
+    @override
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        hp = self.hparams
+        callbacks = self._rl_callbacks()
+        rollout = self.make_rollout(
+            batch, group_size=hp.group_size, sampling=Sampling(hp.max_new_tokens, hp.temperature, hp.top_p)
+        )
+        batch_std = None
+        if hp.scale_rewards == "batch" and self.trainer.world_size > 1:
+            batch_std = self.all_gather(rollout.rewards).reshape(-1).std()
+        advantages = group_advantages(
+            rollout.rewards, rollout.group_ids, hp.scale_rewards, batch_std=batch_std
+        )
+        rollout.advantages = advantages[:, None] * rollout.loss_mask
+        num_updates = hp.ppo_epochs * hp.mini_batches
+        all_rows = torch.arange(rollout.num_rows, device=self.device)
+        with torch.no_grad():
+            if num_updates > 1 or any(cb.needs_old_logprobs for cb in callbacks):
+                rollout.old_logprobs = self._dense(
+                    rollout, self._token_stats(self.model, rollout, all_rows)[0]
+                )
+            if self.ref_model is not None:
+                rollout.ref_logprobs = self._dense(
+                    rollout, self._token_stats(self.ref_model, rollout, all_rows)[0]
+                )
+        for cb in callbacks:
+            cb.on_rollout_end(self.trainer, self, rollout)
+
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        order = torch.Generator().manual_seed(int(self.global_step) * 7919 + 17)  # resumable shuffling
+        stats: dict[str, list[Tensor]] = {}
+        update = 0
+        for _epoch in range(hp.ppo_epochs):
+            perm = torch.randperm(rollout.num_rows, generator=order).to(self.device)
+            for rows in perm.tensor_split(hp.mini_batches):
+                lr = float(optimizer.param_groups[0]["lr"])
+                loss, step_stats = self.policy_loss(rollout, rows, update, callbacks, learning_rate=lr)
+                optimizer.zero_grad(set_to_none=True)
+                self.manual_backward(loss)
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                max_norm = hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf")
+                step_stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+                optimizer.step()
+                scheduler.step()
+                for k, v in step_stats.items():
+                    stats.setdefault(k, []).append(v)
+                update += 1
+        self._log_rollout(rollout)
+        for k, v in stats.items():
+            self.log(f"train/{k}", torch.stack(v).float().mean(), batch_size=rollout.num_rows)
+        self.log("train/lr", float(optimizer.param_groups[0]["lr"]), batch_size=rollout.num_rows)
+
+    def policy_loss(
+        self,
+        rollout: Rollout,
+        rows: Tensor,
+        update: int = 0,
+        callbacks: Sequence[RLCallback] = (),
+        *,
+        learning_rate: float = 0.0,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Loss of one update on ``rollout`` rows ``rows`` (see the class docstring), and its statistics."""
+        hp = self.hparams
+        dynamics = any(cb.needs_entropy_dynamics for cb in callbacks)
+        out = self._token_stats(self.model, rollout, rows, dynamics=dynamics)
+        logprobs, entropy = out[0], out[1]
+        mask = rollout.loss_mask[rows]
+        token_rows, token_positions = mask.nonzero(as_tuple=True)
+        token_rows = rows[token_rows]
+        old = (
+            rollout.old_logprobs[token_rows, token_positions]
+            if rollout.old_logprobs is not None
+            else logprobs.detach()
+        )
+        ref = rollout.ref_logprobs[token_rows, token_positions] if rollout.ref_logprobs is not None else None
+        advantages = rollout.advantages[token_rows, token_positions]
+        ratio = torch.exp(logprobs - old)
+        step = PolicyLossStep(
+            update_index=update,
+            rows=rows,
+            token_rows=token_rows,
+            token_positions=token_positions,
+            logprobs=logprobs,
+            entropy=entropy,
+            old_logprobs=old,
+            ref_logprobs=ref,
+            ratio=ratio,
+            advantages=advantages,
+            loss_mask=torch.ones_like(logprobs, dtype=torch.bool),
+            s_target=out[2] if dynamics else None,
+            n_term=out[3] if dynamics else None,
+            learning_rate=learning_rate,
+        )
+        extra_terms: dict[str, Tensor] = {}
+        for cb in callbacks:
+            term = cb.on_policy_loss(self._trainer, self, rollout, step)
+            if term is not None:
+                extra_terms[cb.name] = term
+
+        high = hp.epsilon_high if hp.epsilon_high is not None else hp.epsilon
+        clipped = ratio.clamp(1 - hp.epsilon, 1 + high)
+        per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+        kl = None
+        if ref is not None:
+            log_ratio = ref - logprobs
+            kl = torch.exp(log_ratio) - log_ratio - 1
+            per_token = per_token + hp.beta * kl
+        keep = step.loss_mask.to(per_token.dtype)
+        policy_loss = self._aggregate(per_token * keep, keep, token_rows)
+        loss = policy_loss + sum(extra_terms.values(), torch.zeros((), device=self.device))
+
+        with torch.no_grad():
+            n = keep.sum().clamp(min=1)
+            low_clip = ((ratio < 1 - hp.epsilon) & (advantages < 0)).float()
+            high_clip = ((ratio > 1 + high) & (advantages > 0)).float()
+            stats = {
+                "loss/policy": policy_loss.detach(),
+                "entropy": entropy.detach().mean()
+                if entropy.numel()
+                else torch.zeros((), device=self.device),
+                "clip_ratio/low_mean": (low_clip * keep).sum() / n,
+                "clip_ratio/high_mean": (high_clip * keep).sum() / n,
+                "clip_ratio/region_mean": ((low_clip + high_clip) * keep).sum() / n,
+                "frac_tokens_kept": keep.mean() if keep.numel() else torch.ones((), device=self.device),
+            }
+            if kl is not None:
+                stats["kl"] = (kl * keep).sum() / n
+            for name, term in extra_terms.items():
+                stats[f"{name}/loss"] = term.detach()
+        return loss, stats
+
+    def _aggregate(self, losses: Tensor, keep: Tensor, token_rows: Tensor) -> Tensor:
+        """Token mean over the global mini-batch, or mean of per-sequence means (DDP-exact for token-mean)."""
+        if self.hparams.loss_aggregation == "sequence-mean":
+            rows, inverse = token_rows.unique(return_inverse=True)
+            per_row = torch.zeros(len(rows), device=losses.device).index_add(0, inverse, losses)
+            count = torch.zeros(len(rows), device=losses.device).index_add(0, inverse, keep)
+            return (per_row / count.clamp(min=1)).sum() / max(1, len(rows))
+        return global_mean(losses.sum(), keep.sum(), self._trainer)[0]
+
+    def _log_rollout(self, rollout: Rollout) -> None:
+        n = rollout.num_rows
+        grouped = rollout.rewards.view(-1, self.hparams.group_size)
+        lengths = rollout.completion_lengths().float()
+        truncated = ~(rollout.input_ids[:, rollout.prompt_length :] == self.tokenizer.eos_token_id).any(dim=1)
+        metrics = {
+            "reward": rollout.rewards.mean(),
+            "reward_std": rollout.rewards.std() if n > 1 else torch.zeros((), device=self.device),
+            "frac_reward_zero_std": (grouped.std(dim=1) < 1e-6).float().mean(),
+            "completions/mean_length": lengths.mean(),
+            "completions/clipped_ratio": truncated.float().mean(),
+        }
+        for name, values in rollout.reward_components.items():
+            metrics[f"rewards/{name}/mean"] = values.mean()
+        for k, v in metrics.items():
+            self.log(f"train/{k}", v, prog_bar=k == "reward", batch_size=n, sync_dist=True)
+
+    # -------------------------------------------------------------------------------------- evaluation
+
+    @override
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Greedy rollouts (one per prompt); logs ``val/reward`` and each component."""
+        budget = self.hparams.eval_max_new_tokens or self.hparams.max_new_tokens
+        rollout = self.make_rollout(batch, group_size=1, sampling=Sampling(budget, 0.0, 1.0))
+        n = rollout.num_rows
+        self.log("val/reward", rollout.rewards.mean(), prog_bar=True, batch_size=n, sync_dist=True)
+        for name, values in rollout.reward_components.items():
+            self.log(f"val/rewards/{name}/mean", values.mean(), batch_size=n, sync_dist=True)
+
+    # ------------------------------------------------------------------------------------ optimisation
+
+    @override
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": hp.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr)
+        # Manual optimisation: Lightning's max_steps counts optimizer updates (ppo_epochs × mini_batches per
+        # rollout batch), while estimated_stepping_batches counts batches when training is bounded by epochs.
+        if self.trainer.max_steps > 0:
+            total = self.trainer.max_steps
+        else:
+            total = int(self.trainer.estimated_stepping_batches) * hp.ppo_epochs * hp.mini_batches
+        total = max(1, total)
+        warmup = int(hp.warmup_ratio * total)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, total, warmup, hp.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    # --------------------------------------------------------------------------- checkpoints, artefacts
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Sampling draws from the global RNG: keep it, so a resumed run samples the same rollouts.
+        checkpoint["grpo_rng_state"] = torch.get_rng_state()
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "grpo_rng_state" in checkpoint:
+            self._pending_rng = checkpoint["grpo_rng_state"]
+
+    @override
+    def on_train_start(self) -> None:
+        pending = getattr(self, "_pending_rng", None)
+        if pending is not None:
+            torch.set_rng_state(pending)
+            self._pending_rng = None
+
+    @override
+    def on_fit_end(self) -> None:
+        if self.hparams.save_dir and self.trainer.is_global_zero:
+            save_backbone(self.model, self.tokenizer, self.hparams.save_dir)
+
+
+def _task_reward(task: Any) -> RewardFn:
+    def task_reward(completions: Sequence[str], examples: Sequence[Any]) -> list[float]:
+        return [task.score(c, e) for c, e in zip(completions, examples, strict=True)]
+
+    return task_reward

@@ -1,0 +1,247 @@
+"""Rollouts: what an RL step generates, and the one small interface generation sits behind.
+
+:class:`Rollout` is the contract between ``GRPOModule`` and the :class:`~lightning_llm.callbacks.RLCallback` s.
+Token-level tensors are aligned with ``input_ids``: entry ``[i, t]`` is about token ``t`` of row ``i``
+(its log-prob is ``log π(input_ids[i, t] | input_ids[i, :t])``); column 0 never carries a target.
+
+Generation is behind :class:`RolloutEngine` so a serving engine (vLLM, SGLang) can replace
+``model.generate`` without touching the training code; :func:`run_episodes` drives any engine through a
+multi-turn :class:`~lightning_llm.envs.Environment`, masking the environment's tokens from the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from lightning_llm.datamodules.tasks import Example
+    from lightning_llm.envs import Environment
+
+__all__ = ["HFEngine", "Rollout", "RolloutEngine", "Sampling", "run_episodes"]
+
+
+@dataclass
+class Rollout:
+    """One batch of sampled completions with everything the policy loss and the callbacks need.
+
+    Rows are ``num_prompts × group_size``, grouped: rows ``g * G … g * G + G − 1`` share prompt ``g``.
+
+    Attributes:
+        input_ids: ``[N, T]`` left-padded prompt (``prompt_length`` columns) then the completion, right-padded.
+        attention_mask: ``[N, T]``.
+        loss_mask: ``[N, T]`` bool, true on trainable completion tokens: never prompt, padding or environment
+            observation tokens (those are context, not actions).
+        prompt_length: number of prompt columns; completions start there.
+        group_ids: ``[N]`` index of each row's prompt.
+        rewards: ``[N]`` total reward (weighted sum of ``reward_components``).
+        reward_components: per reward function, ``[N]`` unweighted values.
+        advantages: ``[N, T]`` token-level advantages (zero outside ``loss_mask``).
+        old_logprobs: ``[N, T]`` log-probs under the policy that generated the rollout (zero outside the mask);
+            ``None`` until the module fills them.
+        ref_logprobs: ``[N, T]`` log-probs under the frozen reference, or ``None`` (``beta = 0``).
+        completions: decoded completion text per row (model turns and observations, control tokens dropped).
+        examples: the :class:`Example` of each row (repeated ``group_size`` times).
+        metadata: free-form per-rollout data for callbacks (e.g. per-turn rewards of multi-turn episodes).
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    loss_mask: Tensor
+    prompt_length: int
+    group_ids: Tensor
+    completions: list[str]
+    examples: list[Example]
+    rewards: Tensor | None = None
+    reward_components: dict[str, Tensor] = field(default_factory=dict)
+    advantages: Tensor | None = None
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    def completion_lengths(self) -> Tensor:
+        """Trainable tokens per row (environment tokens excluded)."""
+        return self.loss_mask.sum(dim=1)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters of one generation call."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+class RolloutEngine(Protocol):
+    """Anything that completes left-padded prompts. Return new tokens only, right-padded with ``pad_id``.
+
+    ``stop_token_ids`` end a sequence like EOS does (the stop token is kept in the output).
+    """
+
+    def generate(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        sampling: Sampling,
+        stop_token_ids: list[int],
+        pad_id: int,
+    ) -> Tensor: ...
+
+
+class HFEngine:
+    """:class:`RolloutEngine` over a Hugging Face model's ``generate`` (the default)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        sampling: Sampling,
+        stop_token_ids: list[int],
+        pad_id: int,
+    ) -> Tensor:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            greedy = sampling.temperature <= 0
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=sampling.max_new_tokens,
+                do_sample=not greedy,
+                temperature=None if greedy else sampling.temperature,
+                top_p=None if greedy else sampling.top_p,
+                top_k=None,
+                eos_token_id=stop_token_ids,
+                pad_token_id=pad_id,
+            )
+        finally:
+            self.model.train(was_training)
+        new = out[:, input_ids.shape[1] :]
+        # HF pads finished rows with pad_id already; make sure nothing follows a stop token.
+        return _pad_after_stop(new, stop_token_ids, pad_id)
+
+
+def _pad_after_stop(tokens: Tensor, stop_token_ids: list[int], pad_id: int) -> Tensor:
+    is_stop = torch.isin(tokens, torch.tensor(stop_token_ids, device=tokens.device))
+    after = (is_stop.long().cumsum(dim=1) - is_stop.long()) > 0  # strictly after the first stop
+    return tokens.masked_fill(after, pad_id)
+
+
+def _single_token_ids(tokenizer: PreTrainedTokenizerBase, strings: tuple[str, ...]) -> list[int]:
+    ids = []
+    for s in strings:
+        encoded = tokenizer(s, add_special_tokens=False)["input_ids"]
+        if len(encoded) != 1:
+            raise ValueError(
+                f"stop string {s!r} is {len(encoded)} tokens for this tokenizer; multi-turn rollouts need each "
+                "stop string to be a single (added) token — add it with tokenizer.add_tokens"
+            )
+        ids.append(encoded[0])
+    return ids
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r, device=device)
+            mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+def run_episodes(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    examples: list[Example],
+    *,
+    sampling: Sampling,
+    env: Environment | None = None,
+    max_total_tokens: int | None = None,
+) -> tuple[Tensor, Tensor, list[Any]]:
+    """Complete every (already repeated) prompt; returns ``(completion_ids, completion_loss_mask, states)``.
+
+    Without an environment this is one generation call. With one, each row alternates model turns (ending at
+    EOS or one of ``env.stop_strings``) and environment observations, up to ``env.max_turns`` turns or
+    ``max_total_tokens`` completion tokens (default: ``max_turns × sampling.max_new_tokens``). Observation
+    tokens are in ``completion_ids`` with loss-mask 0. Completions are right-padded with the pad token.
+    """
+    pad_id = tokenizer.pad_token_id
+    eos_id = tokenizer.eos_token_id
+    device = prompt_ids.device
+    if env is None:
+        new = engine.generate(
+            prompt_ids, prompt_mask, sampling=sampling, stop_token_ids=[eos_id], pad_id=pad_id
+        )
+        mask = _completion_mask(new, [eos_id])
+        return new, mask, [None] * len(examples)
+
+    stop_ids = [eos_id, *_single_token_ids(tokenizer, tuple(env.stop_strings))]
+    budget = max_total_tokens or env.max_turns * sampling.max_new_tokens
+    prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)]
+    tokens: list[list[int]] = [[] for _ in examples]
+    trainable: list[list[int]] = [[] for _ in examples]
+    states = [env.reset(ex) for ex in examples]
+    active = list(range(len(examples)))
+    for _turn in range(env.max_turns):
+        if not active:
+            break
+        ids, mask = _left_pad([prompts[i] + tokens[i] for i in active], pad_id, device)
+        room = min(sampling.max_new_tokens, max(1, budget - min(len(tokens[i]) for i in active)))
+        turn_sampling = Sampling(room, sampling.temperature, sampling.top_p)
+        new = engine.generate(ids, mask, sampling=turn_sampling, stop_token_ids=stop_ids, pad_id=pad_id)
+        still = []
+        for row, i in enumerate(active):
+            turn = new[row]
+            turn = turn[: int(_completion_mask(turn[None], stop_ids)[0].sum())].tolist()
+            turn = turn[: max(0, budget - len(tokens[i]))]
+            tokens[i] += turn
+            trainable[i] += [1] * len(turn)
+            ended_by_eos = bool(turn) and turn[-1] == eos_id
+            if ended_by_eos or len(tokens[i]) >= budget or not turn:
+                continue
+            reply = env.step(states[i], tokenizer.decode(turn, skip_special_tokens=False))
+            if reply.observation:
+                obs = tokenizer(reply.observation, add_special_tokens=False)["input_ids"]
+                obs = obs[: max(0, budget - len(tokens[i]))]
+                tokens[i] += obs
+                trainable[i] += [0] * len(obs)
+            if not reply.done and len(tokens[i]) < budget:
+                still.append(i)
+        active = still
+    width = max(1, max(len(t) for t in tokens))
+    out = torch.full((len(tokens), width), pad_id, dtype=torch.long, device=device)
+    out_mask = torch.zeros((len(tokens), width), dtype=torch.bool, device=device)
+    for i, (t, m) in enumerate(zip(tokens, trainable, strict=True)):
+        if t:
+            out[i, : len(t)] = torch.tensor(t, device=device)
+            out_mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool, device=device)
+    return out, out_mask, states
+
+
+def _completion_mask(tokens: Tensor, stop_ids: list[int]) -> Tensor:
+    """True up to and including the first stop token (everything, if none); false on what follows.
+
+    Engines pad only after a row's stop token, so this is also the non-padding mask.
+    """
+    is_stop = torch.isin(tokens, torch.tensor(stop_ids, device=tokens.device)).long()
+    return (is_stop.cumsum(dim=1) - is_stop) == 0
