@@ -36,3 +36,17 @@ def test_ddp_two_processes_match_one_process_with_double_batch(tmp_path, tiny_ba
         torch.tensor(ddp["params_head"]), torch.tensor(single["params_head"]), rtol=1e-4, atol=1e-6
     )
     assert single["losses"][-1] < single["losses"][0]
+
+
+def test_grpo_runs_under_ddp_and_replicas_stay_identical(tmp_path, tiny_backbone):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).with_name("_ddp_grpo.py")
+    out = tmp_path / "grpo"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rank0, rank1 = (json.loads((tmp_path / f"grpo.{r}.json").read_text()) for r in (0, 1))
+    assert rank0["head"] == rank1["head"] and rank0["checksum"] == rank1["checksum"]
+    for key in ("train/reward", "train/LLDS/loss", "train/grad_norm", "val/reward"):
+        assert key in rank0["metrics"], sorted(rank0["metrics"])
