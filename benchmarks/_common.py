@@ -12,7 +12,9 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -149,3 +151,35 @@ def write_result(name: str, payload: dict[str, Any], results_dir: Path = RESULTS
     path = results_dir / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
     return path
+
+
+# ------------------------------------------------------------- process memory (CPU peak RSS)
+
+
+def rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's RSS high-water mark to the current RSS (Linux >= 4.0); False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_bytes() -> int:
+    """Process RSS high-water mark: ``VmHWM`` on Linux (resettable), else ``ru_maxrss`` (KiB Linux, B macOS)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max_rss if sys.platform == "darwin" else max_rss * 1024

@@ -22,13 +22,22 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import resource
 import subprocess
 import sys
 from functools import partial
 from typing import Any
 
-from _common import machine_info, package_versions, summary_row, time_repeated, utc_now, write_result
+from _common import (
+    machine_info,
+    package_versions,
+    peak_rss_bytes,
+    reset_peak_rss,
+    rss_bytes,
+    summary_row,
+    time_repeated,
+    utc_now,
+    write_result,
+)
 
 NAME = "fused_logprobs"
 MEMORY_CRITERION = 0.25  # ours' peak memory must be at most this fraction of naive's
@@ -100,35 +109,6 @@ def _ours(
     return fused_linear_logprobs(hidden, weight, targets, chunk_size=chunk_size, temperature=temperature)
 
 
-def _rss_bytes() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's RSS high-water mark to the current RSS (Linux >= 4.0); False where unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def _peak_rss_bytes() -> int:
-    """Process RSS high-water mark: ``VmHWM`` on Linux (resettable), else ``ru_maxrss`` (KiB Linux, B macOS)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return max_rss if sys.platform == "darwin" else max_rss * 1024
-
-
 def _run_worker(args: argparse.Namespace) -> dict[str, Any]:
     """Set up inputs, then time and memory-profile one method in this (fresh) process."""
     import torch
@@ -161,12 +141,12 @@ def _run_worker(args: argparse.Namespace) -> dict[str, Any]:
         baseline = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     else:
-        baseline = _rss_bytes()
+        baseline = rss_bytes()
     for _ in range(args.warmup):
         step()
     # Peak of the timed calls only, relative to the pre-warm-up baseline: anything the warm-up left
     # resident (cached blocks, .grad tensors) still counts against the method.
-    hwm_reset = False if cuda else _reset_peak_rss()
+    hwm_reset = False if cuda else reset_peak_rss()
     timing = time_repeated(step, reps=args.reps, warmup=0, sync=sync)
     timing["warmup"] = args.warmup
     if cuda:
@@ -175,7 +155,7 @@ def _run_worker(args: argparse.Namespace) -> dict[str, Any]:
             "baseline_mib": baseline / _MIB,
         }
     else:
-        peak = _peak_rss_bytes()
+        peak = peak_rss_bytes()
         memory = {
             "peak_mib": (peak - baseline) / _MIB,
             "baseline_rss_mib": baseline / _MIB,

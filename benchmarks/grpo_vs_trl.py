@@ -72,7 +72,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -80,7 +79,16 @@ import tempfile
 import time
 from typing import Any
 
-from _common import machine_info, package_versions, summary_row, utc_now, write_result
+from _common import (
+    machine_info,
+    package_versions,
+    peak_rss_bytes,
+    reset_peak_rss,
+    rss_bytes,
+    summary_row,
+    utc_now,
+    write_result,
+)
 
 NAME = "grpo_vs_trl"
 FRAMEWORKS = ("ours", "trl")
@@ -152,35 +160,6 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _rss_bytes() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's RSS high-water mark to the current RSS (Linux >= 4.0); False where unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def _peak_rss_bytes() -> int:
-    """Process RSS high-water mark: ``VmHWM`` on Linux (resettable), else ``ru_maxrss`` (KiB Linux, B macOS)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return max_rss if sys.platform == "darwin" else max_rss * 1024
-
-
 def _total_steps(args: argparse.Namespace) -> int:
     return args.warmup + args.steps
 
@@ -224,7 +203,7 @@ class _Recorder:
 
     def before_fit(self) -> None:
         gc.collect()
-        self.baseline = _rss_bytes()
+        self.baseline = rss_bytes()
 
     def train_start(self) -> None:
         self.last = time.perf_counter()
@@ -236,10 +215,10 @@ class _Recorder:
         self.intervals.append(now - self.last)
         self.lengths.append(float("nan") if mean_length is None else float(mean_length))
         self.threads.append(torch.get_num_threads())
-        self.rss_mib.append(_rss_bytes() / _MIB)
+        self.rss_mib.append(rss_bytes() / _MIB)
         if len(self.intervals) == self.warmup:
-            self.rss_at_reset = _rss_bytes()
-            self.hwm_reset = _reset_peak_rss()
+            self.rss_at_reset = rss_bytes()
+            self.hwm_reset = reset_peak_rss()
             if self.profiler is not None:
                 self.profiler.enable()
         self.last = time.perf_counter()  # bookkeeping above is not charged to the next step
@@ -247,7 +226,7 @@ class _Recorder:
     def result(self) -> dict[str, Any]:
         if self.profiler is not None:
             self.profiler.disable()
-        peak = _peak_rss_bytes()
+        peak = peak_rss_bytes()
         timed = self.intervals[self.warmup :]
         return {
             "time_s": {

@@ -103,6 +103,18 @@ def global_mean(total: Tensor, count: Tensor, trainer: Any | None) -> tuple[Tens
     return total * world / denominator, stats[0] / denominator
 
 
+def adamw(
+    model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float]
+) -> torch.optim.AdamW:
+    """AdamW over trainable parameters, decaying matrices only (norm gains and biases are not decayed)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
 def save_backbone(model: PreTrainedModel, tokenizer: Any, directory: str | Path) -> Path:
     """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
     directory = Path(directory)

@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from lightning_llm.backbone import load_backbone
 from lightning_llm.modules._lm import (
+    adamw,
     check_fused_compatible,
     global_mean,
     labels_to_mask,
@@ -206,12 +207,7 @@ class CausalLMModule(L.LightningModule):
     @override
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": hp.weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
+        optimizer = adamw(self.model, lr=hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = int(hp.warmup_ratio * total)
         scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -14,7 +14,13 @@ from typing_extensions import override
 from lightning_llm.backbone import load_backbone
 from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.envs import Environment
-from lightning_llm.modules._lm import check_fused_compatible, global_mean, save_backbone, target_logprobs
+from lightning_llm.modules._lm import (
+    adamw,
+    check_fused_compatible,
+    global_mean,
+    save_backbone,
+    target_logprobs,
+)
 from lightning_llm.modules.causal_lm import warmup_cosine
 from lightning_llm.rewards import RewardFn, get_reward
 from lightning_llm.rollout import HFEngine, Rollout, RolloutEngine, Sampling, run_episodes
@@ -431,12 +437,7 @@ class GRPOModule(L.LightningModule):
     @override
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": hp.weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr)
+        optimizer = adamw(self.model, lr=hp.lr, weight_decay=hp.weight_decay, betas=(0.9, 0.999))
         # Manual optimisation: Lightning's max_steps counts optimizer updates (ppo_epochs × mini_batches per
         # rollout batch), while estimated_stepping_batches counts batches when training is bounded by epochs.
         if self.trainer.max_steps > 0:
