@@ -28,7 +28,8 @@ class SFTWarmup(Callback):
     validation prompts stay unseen), rendered and masked by :class:`ChatSFTDataModule`. Its own AdamW (not the
     RL optimiser, whose state stays untouched). Under DDP each rank trains on its shard and gradients are
     averaged by hand (the warm-up runs outside the DDP wrapper). Runs once: the state records completion, so
-    a resumed run does not warm up again on top of an RL checkpoint.
+    a resumed run does not warm up again on top of an RL checkpoint. Under ``Trainer(fast_dev_run=n)`` it runs
+    at most ``n`` steps (``True``: 1), like every other loop of a fast dev run.
 
     Args:
         steps: optimisation steps of warm-up.
@@ -66,14 +67,15 @@ class SFTWarmup(Callback):
         )
         data = ChatSFTDataModule(**{k: source.hparams[k] for k in keys}, batch_size=self.batch_size)
         data.setup("fit")
+        steps = min(self.steps, int(trainer.fast_dev_run)) if trainer.fast_dev_run else self.steps
         model = pl_module.model
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=0.0)
         model.train()
         step, loss = 0, torch.zeros(())
-        while step < self.steps:
+        while step < steps:
             for batch in data.train_dataloader():
-                if step >= self.steps:
+                if step >= steps:
                     break
                 batch = {k: v.to(pl_module.device) for k, v in batch.items()}
                 mask = labels_to_mask(batch["input_ids"], batch["labels"])
@@ -90,7 +92,7 @@ class SFTWarmup(Callback):
                 step += 1
         self.done = True
         self.final_loss = float(loss)
-        rank_zero_info(f"SFTWarmup: {self.steps} steps, final loss {self.final_loss:.4f}")
+        rank_zero_info(f"SFTWarmup: {steps} steps, final loss {self.final_loss:.4f}")
 
     @override
     def state_dict(self) -> dict[str, Any]:
