@@ -64,4 +64,4 @@ def test_python_dash_m_runs_the_readme_config(tmp_path, tiny_backbone):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "train/loss" in proc.stdout + proc.stderr  # progress is printed
+    assert "train/" in proc.stdout + proc.stderr  # progress (train/loss, train/reward...) is printed
