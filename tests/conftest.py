@@ -45,6 +45,30 @@ def tiny_tokenizer(tiny_backbone):
     return tiny_backbone[1]
 
 
+@pytest.fixture
+def quiet_trainer(tmp_path):
+    """Factory for a single-process CPU ``Trainer`` with no logger, progress bar, summary or validation."""
+    import lightning as L
+
+    def make(max_steps: int = -1, callbacks=(), **overrides):
+        kwargs = dict(
+            max_steps=max_steps,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            default_root_dir=tmp_path,
+            callbacks=list(callbacks),
+        )
+        return L.Trainer(**{**kwargs, **overrides})
+
+    return make
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _HAS_CUDA:
         return

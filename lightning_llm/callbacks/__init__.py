@@ -2,16 +2,22 @@
 
 from lightning_llm.callbacks.entropy import EntropyDiscriminatorClipping, EntropyDynamicsMonitor
 from lightning_llm.callbacks.llds import LLDSRegularizer
+from lightning_llm.callbacks.lora_restart import LoRARestart
 from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
+from lightning_llm.callbacks.scalora import ScaLoRA
 from lightning_llm.callbacks.sft_warmup import SFTWarmup
 from lightning_llm.callbacks.task_accuracy import TaskAccuracy
+from lightning_llm.callbacks.update_rank import UpdateRankMonitor
 
 __all__ = [
     "EntropyDiscriminatorClipping",
     "EntropyDynamicsMonitor",
     "LLDSRegularizer",
+    "LoRARestart",
     "PolicyLossStep",
     "RLCallback",
     "SFTWarmup",
+    "ScaLoRA",
     "TaskAccuracy",
+    "UpdateRankMonitor",
 ]

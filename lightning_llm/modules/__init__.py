@@ -2,5 +2,22 @@
 
 from lightning_llm.modules.causal_lm import CausalLMModule
 from lightning_llm.modules.grpo import GRPOModule
+from lightning_llm.modules.lora import (
+    LoRAConfig,
+    LoRALinear,
+    apply_lora,
+    load_adapter,
+    merge_lora,
+    save_adapter,
+)
 
-__all__ = ["CausalLMModule", "GRPOModule"]
+__all__ = [
+    "CausalLMModule",
+    "GRPOModule",
+    "LoRAConfig",
+    "LoRALinear",
+    "apply_lora",
+    "load_adapter",
+    "merge_lora",
+    "save_adapter",
+]

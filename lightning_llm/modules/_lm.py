@@ -7,6 +7,8 @@ post-process logits (soft-capping, a logit scale) are refused at construction wi
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_llm.kernels import fused_linear_logprobs
+from lightning_llm.modules.lora import LoRAConfig, apply_lora, lora_layers, merge_lora, save_adapter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -116,12 +119,33 @@ def adamw(
 
 
 def save_backbone(model: PreTrainedModel, tokenizer: Any, directory: str | Path) -> Path:
-    """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
+    """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them.
+
+    A model with LoRA layers is saved merged (an ordinary checkpoint, the live model is untouched); when its
+    base weights are still the pretrained ones the adapter is also written to ``directory/adapter`` in PEFT's
+    layout.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    layers = lora_layers(model)
+    if layers:
+        if not any(bool(layer.base_modified) for layer in layers.values()):
+            save_adapter(model, directory / "adapter")
+        model = merge_lora(copy.deepcopy(model))
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def apply_lora_config(
+    model: torch.nn.Module, lora: LoRAConfig | dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Apply ``lora`` (a :class:`LoRAConfig` or its fields) to ``model``; returns the fields for hparams."""
+    if lora is None:
+        return None
+    config = lora if isinstance(lora, LoRAConfig) else LoRAConfig(**lora)
+    apply_lora(model, config)
+    return dataclasses.asdict(config)
 
 
 def labels_to_mask(input_ids: Tensor, labels: Tensor) -> Tensor:

@@ -14,12 +14,14 @@ from typing_extensions import override
 from lightning_llm.backbone import load_backbone
 from lightning_llm.modules._lm import (
     adamw,
+    apply_lora_config,
     check_fused_compatible,
     global_mean,
     labels_to_mask,
     save_backbone,
     target_logprobs,
 )
+from lightning_llm.modules.lora import LoRAConfig
 
 __all__ = ["CausalLMModule", "warmup_cosine"]
 
@@ -53,7 +55,10 @@ class CausalLMModule(L.LightningModule):
         dtype: parameter dtype of the loaded model (``"bfloat16"``...); ``None`` keeps the checkpoint's.
         trust_remote_code: allow a checkpoint's own Python code. Off by default.
         save_dir: if set, the trained model and tokenizer are written there with ``save_pretrained``
-            (safetensors) at the end of ``fit``; ``load_backbone(save_dir)`` reloads them.
+            (safetensors) at the end of ``fit``; ``load_backbone(save_dir)`` reloads them. With LoRA the
+            model is saved merged, plus the adapter in PEFT's layout under ``save_dir/adapter`` while the
+            base weights are untouched (not after ScaLoRA or LoRARestart folded updates into them).
+        lora: train a LoRA adapter (:class:`~lightning_llm.modules.lora.LoRAConfig`) instead of all weights.
     """
 
     def __init__(
@@ -70,6 +75,7 @@ class CausalLMModule(L.LightningModule):
         dtype: str | None = None,
         trust_remote_code: bool = False,
         save_dir: str | None = None,
+        lora: LoRAConfig | None = None,
     ) -> None:
         super().__init__()
         if lr <= 0:
@@ -78,9 +84,11 @@ class CausalLMModule(L.LightningModule):
             raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["lora"])
         self.model, self.tokenizer = load_backbone(model, dtype=dtype, trust_remote_code=trust_remote_code)
         check_fused_compatible(self.model)
+        # Stored as plain fields so checkpoints stay loadable with weights_only=True.
+        self.hparams["lora"] = apply_lora_config(self.model, lora)
         self.model.train()  # from_pretrained returns eval mode; Lightning keeps submodules' modes as found
         if gradient_checkpointing:
             # transformers 5 renamed the method (and its kwargs); 4.x only has the old name.

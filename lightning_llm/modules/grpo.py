@@ -16,12 +16,14 @@ from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.envs import Environment
 from lightning_llm.modules._lm import (
     adamw,
+    apply_lora_config,
     check_fused_compatible,
     global_mean,
     save_backbone,
     target_logprobs,
 )
 from lightning_llm.modules.causal_lm import warmup_cosine
+from lightning_llm.modules.lora import LoRAConfig
 from lightning_llm.rewards import RewardFn, get_reward
 from lightning_llm.rollout import HFEngine, Rollout, RolloutEngine, Sampling, run_episodes
 
@@ -104,7 +106,9 @@ class GRPOModule(L.LightningModule):
         eval_max_new_tokens: generation budget of greedy validation rollouts.
         dtype: parameter dtype of the loaded model.
         trust_remote_code: allow a checkpoint's own code (off by default).
-        save_dir: write the final policy there with ``save_pretrained`` at the end of ``fit``.
+        save_dir: write the final policy there with ``save_pretrained`` at the end of ``fit`` (LoRA: merged,
+            plus ``save_dir/adapter`` in PEFT's layout while the base weights are untouched).
+        lora: train a LoRA adapter (:class:`~lightning_llm.modules.lora.LoRAConfig`) instead of all weights.
     """
 
     def __init__(
@@ -135,6 +139,7 @@ class GRPOModule(L.LightningModule):
         dtype: str | None = None,
         trust_remote_code: bool = False,
         save_dir: str | None = None,
+        lora: LoRAConfig | None = None,
     ) -> None:
         super().__init__()
         rewards = list(rewards) if rewards is not None else (["env"] if env is not None else ["task"])
@@ -152,7 +157,7 @@ class GRPOModule(L.LightningModule):
             raise ValueError("reward 'env' needs an environment (env=...)")
         if beta < 0 or lr <= 0 or max_grad_norm < 0:
             raise ValueError("beta and max_grad_norm must be >= 0 and lr > 0")
-        self.save_hyperparameters(ignore=["env", "rewards"])
+        self.save_hyperparameters(ignore=["env", "rewards", "lora"])
         self.automatic_optimization = False  # several updates per rollout batch
         self.reward_specs = rewards
         self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(rewards)
@@ -163,6 +168,8 @@ class GRPOModule(L.LightningModule):
         self.ref_model = None
         if beta > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        # After the reference copy, so the reference stays the pretrained model.
+        self.hparams["lora"] = apply_lora_config(self.model, lora)
         self.engine: RolloutEngine = HFEngine(self.model)
         self._reward_fns: list[tuple[str, Any]] | None = None
 

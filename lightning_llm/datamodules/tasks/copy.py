@@ -13,18 +13,26 @@ from lightning_llm.datamodules.tasks import Example, Task, extract_answer, regis
 class CopyTask(Task):
     """Sequences of ``length`` symbols drawn uniformly from ``alphabet``, space-separated.
 
+    With ``shift = k ≠ 0`` the answer is the sequence enciphered by a Caesar shift of ``k`` places in
+    ``alphabet`` (``shift=1``: "a c b" → "b d c"): a *shifted* copy task. A model that already copies must
+    learn a permutation of the symbols, a full-rank change of its output map (the cyclic permutation minus
+    the identity has rank ``len(alphabet) − 1``), which is what low-rank adapters find hard (ScaLoRA's
+    tutorial uses it).
+
     The verifier requires the last ``<answer>…</answer>`` to hold exactly the sequence (single spaces between
     symbols; whitespace around the whole sequence is allowed).
 
     Args:
         length: Number of symbols per sequence, at least 1.
         alphabet: The symbols, distinct non-whitespace characters.
+        shift: Caesar shift applied to the answer (0: plain copying).
     """
 
     name = "copy"
 
     length: int = 8
     alphabet: str = "abcdefgh"
+    shift: int = 0
 
     def __post_init__(self) -> None:
         if self.length < 1:
@@ -38,10 +46,12 @@ class CopyTask(Task):
         rng = random.Random(seed)
         examples = []
         for _ in range(n):
-            answer = " ".join(rng.choices(self.alphabet, k=self.length))
+            symbols = rng.choices(range(len(self.alphabet)), k=self.length)
+            shown = " ".join(self.alphabet[i] for i in symbols)
+            answer = " ".join(self.alphabet[(i + self.shift) % len(self.alphabet)] for i in symbols)
             examples.append(
                 Example(
-                    prompt=f"Copy: {answer}",
+                    prompt=f"Copy: {shown}",
                     completion=f"<answer>{answer}</answer>",
                     answer=answer,
                     metadata={"task": self.name},
