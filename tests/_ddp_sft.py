@@ -9,8 +9,10 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data.distributed import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from lightning_llm.callbacks import ScaLoRA
 from lightning_llm.datamodules import ChatSFTDataModule
-from lightning_llm.modules import CausalLMModule
+from lightning_llm.modules import CausalLMModule, LoRAConfig
+from lightning_llm.modules.lora import lora_layers
 
 
 class _Record(Callback):
@@ -37,7 +39,7 @@ class _SameGlobalOrder(ChatSFTDataModule):
         )
 
 
-def main(devices: int, batch_size: int, out: str) -> None:
+def main(devices: int, batch_size: int, out: str, method: str = "full") -> None:
     L.seed_everything(0)
     record = _Record()
     trainer = L.Trainer(
@@ -50,18 +52,22 @@ def main(devices: int, batch_size: int, out: str) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        callbacks=[record],
+        callbacks=[record] + ([ScaLoRA(rank_every=2)] if method == "scalora" else []),
     )
-    module = CausalLMModule(lr=3e-3, warmup_ratio=0.0)
+    # ScaLoRA: each rank solves for the column scales from the all-reduced gradients, so replicas agree.
+    lora = LoRAConfig(r=2, alpha=4, target_modules=["q_proj", "v_proj"]) if method == "scalora" else None
+    module = CausalLMModule(lr=3e-3 if lora is None else 1e-2, warmup_ratio=0.0, lora=lora)
     data_cls = ChatSFTDataModule if devices > 1 else _SameGlobalOrder
     # shuffle=False: Lightning then injects a plain DistributedSampler (its shuffled permutation is what
     # _SameGlobalOrder reproduces); with shuffle=True it would wrap our RandomSampler instead.
     data = data_cls(task="arithmetic", num_train=64, num_val=8, batch_size=batch_size, shuffle=False)
     trainer.fit(module, data)
     if trainer.is_global_zero:
-        params = torch.cat([p.detach().flatten() for p in module.model.parameters()])
+        # With LoRA: the adapted layers (folded base weights and factors); the rest is frozen.
+        source = [m for m in lora_layers(module.model).values()] or [module.model]
+        params = torch.cat([p.detach().flatten() for m in source for p in m.parameters()])
         json.dump({"losses": record.losses, "params_head": params[:4096].tolist()}, open(out, "w"))
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], *sys.argv[4:])

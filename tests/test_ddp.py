@@ -11,10 +11,10 @@ import torch
 SCRIPT = Path(__file__).with_name("_ddp_sft.py")
 
 
-def _run(devices: int, batch_size: int, out: Path) -> dict:
+def _run(devices: int, batch_size: int, out: Path, method: str = "full") -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(devices), str(batch_size), str(out)],
+        [sys.executable, str(SCRIPT), str(devices), str(batch_size), str(out), method],
         env=env,
         capture_output=True,
         text=True,
@@ -36,6 +36,18 @@ def test_ddp_two_processes_match_one_process_with_double_batch(tmp_path, tiny_ba
         torch.tensor(ddp["params_head"]), torch.tensor(single["params_head"]), rtol=1e-4, atol=1e-6
     )
     assert single["losses"][-1] < single["losses"][0]
+
+
+def test_scalora_under_ddp_matches_one_process_with_double_batch(tmp_path, tiny_backbone):
+    """LoRA + ScaLoRA (rescale, fold, moment transfer every step) under DDP takes the single-process steps."""
+    ddp = _run(2, 4, tmp_path / "ddp.json", "scalora")
+    single = _run(1, 8, tmp_path / "single.json", "scalora")
+    torch.testing.assert_close(
+        torch.tensor(ddp["losses"]), torch.tensor(single["losses"]), rtol=1e-5, atol=1e-6
+    )
+    torch.testing.assert_close(
+        torch.tensor(ddp["params_head"]), torch.tensor(single["params_head"]), rtol=1e-4, atol=1e-6
+    )
 
 
 def test_grpo_runs_under_ddp_and_replicas_stay_identical(tmp_path, tiny_backbone):

@@ -202,3 +202,26 @@ def test_module_lora_argument_and_save_dir(tmp_path, tiny_backbone):
     torch.testing.assert_close(_logits(reloaded.eval(), ids), expected, atol=ATOL_FP32, rtol=0)
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert lora_layers(module.model), "saving must not merge the live model"
+
+
+def test_fused_op_path_matches_plain_path(base, monkeypatch):
+    """On CUDA the layer calls the fused op; force that branch here (the op then runs its reference)."""
+    import lightning_llm.modules.lora as lora_module
+
+    model = apply_lora(base, r=3, target_modules=["q_proj", "down_proj"])
+    _randomize(model)
+    model.train()
+    ids = _ids()
+
+    def loss_and_grads():
+        model.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    plain_loss, plain_grads = loss_and_grads()
+    monkeypatch.setattr(lora_module, "use_triton", lambda *tensors: True)
+    fused_loss, fused_grads = loss_and_grads()
+    torch.testing.assert_close(fused_loss, plain_loss, atol=ATOL_FP32, rtol=0)
+    for fused, plain in zip(fused_grads, plain_grads, strict=True):
+        torch.testing.assert_close(fused, plain, atol=1e-6, rtol=1e-4)
