@@ -77,6 +77,50 @@ def _solve_nonnegative(gram: Tensor, rhs: Tensor) -> Tensor | None:
     return v
 
 
+def _normal_equations(
+    a: Tensor, b: Tensor, grad_b_side: Tensor, grad_a_side: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(M, λ, active)`` of one layer in float64 on the CPU: M is ``2r × 2r``, λ and ``active`` ``2r``."""
+    s_a = torch.cat([a, grad_b_side], dim=1).double()
+    s_b = torch.cat([grad_a_side, b], dim=1).double()
+    gram = (s_a.T @ s_a) * (s_b.T @ s_b)
+    lam = torch.cat([grad_a_side.double().pow(2).sum(0), grad_b_side.double().pow(2).sum(0)])
+    # A zero factor column (B = 0 at initialisation) or a zero gradient column does not enter ΔW̃ at all.
+    active = (s_a.norm(dim=0) > 0) & (s_b.norm(dim=0) > 0)
+    return gram.cpu(), lam.cpu(), active.cpu()
+
+
+def _solve_layer(
+    gram: Tensor, lam: Tensor, active: Tensor, lipschitz_lr: float, fallback: str
+) -> tuple[Tensor, Tensor, Literal["columns", "scalar", "skipped"]]:
+    """Column scales from one layer's normal equations, with the scalar fallback."""
+    r = gram.shape[0] // 2
+    ones = torch.ones(r, dtype=torch.float64)
+    if not active.any():
+        return ones, ones.clone(), "skipped"
+    idx = active.nonzero().squeeze(1)
+    gram, lam = gram[idx][:, idx], lam[idx]
+    v = _solve_nonnegative(gram, lam)
+    how: Literal["columns", "scalar", "skipped"] = "columns"
+    full = torch.ones(2 * r, dtype=torch.float64)
+    if v is not None:
+        full[idx] = v / lipschitz_lr
+    elif fallback == "scalar":
+        # One α for all A columns, one β for all B columns: group the unknowns, P^T M P u = P^T λ.
+        group = (idx >= r).long()
+        groups = group.unique()
+        onehot = (group.unsqueeze(1) == groups.unsqueeze(0)).double()
+        u = _solve_nonnegative(onehot.T @ gram @ onehot, onehot.T @ lam)
+        if u is None:
+            return ones, ones.clone(), "skipped"
+        full[idx] = (onehot @ u) / lipschitz_lr
+        how = "scalar"
+    else:
+        return ones, ones.clone(), "skipped"
+    scales = full.sqrt()
+    return scales[:r], scales[r:], how
+
+
 @torch.no_grad()
 def optimal_column_scales(
     a: Tensor,
@@ -100,37 +144,8 @@ def optimal_column_scales(
     Returns:
         ``(alpha, beta, how)``: float64 CPU vectors of length ``r`` and which solution was used.
     """
-    r = a.shape[1]
-    s_a = torch.cat([a, grad_b_side], dim=1).double()
-    s_b = torch.cat([grad_a_side, b], dim=1).double()
-    gram = (s_a.T @ s_a) * (s_b.T @ s_b)
-    lam = torch.cat([grad_a_side.double().pow(2).sum(0), grad_b_side.double().pow(2).sum(0)])
-    # A zero factor column (B = 0 at initialisation) or a zero gradient column does not enter ΔW̃ at all.
-    active = (s_a.norm(dim=0) > 0) & (s_b.norm(dim=0) > 0)
-    ones = torch.ones(r, dtype=torch.float64)
-    if not active.any():
-        return ones, ones.clone(), "skipped"
-    idx = active.nonzero().squeeze(1).cpu()
-    gram, lam = gram[idx][:, idx], lam[idx]
-    v = _solve_nonnegative(gram, lam)
-    how: Literal["columns", "scalar", "skipped"] = "columns"
-    full = torch.ones(2 * r, dtype=torch.float64)
-    if v is not None:
-        full[idx] = v / lipschitz_lr
-    elif fallback == "scalar":
-        # One α for all A columns, one β for all B columns: group the unknowns, P^T M P u = P^T λ.
-        group = (idx >= r).long()
-        groups = group.unique()
-        onehot = (group.unsqueeze(1) == groups.unsqueeze(0)).double()
-        u = _solve_nonnegative(onehot.T @ gram.cpu() @ onehot, onehot.T @ lam.cpu())
-        if u is None:
-            return ones, ones.clone(), "skipped"
-        full[idx] = (onehot @ u) / lipschitz_lr
-        how = "scalar"
-    else:
-        return ones, ones.clone(), "skipped"
-    scales = full.sqrt()
-    return scales[:r], scales[r:], how
+    gram, lam, active = _normal_equations(a, b, grad_b_side, grad_a_side)
+    return _solve_layer(gram, lam, active, lipschitz_lr, fallback)
 
 
 def _scale_state(state: dict[str, Any], scale: Tensor, dim: int) -> None:
@@ -236,9 +251,14 @@ class ScaLoRA(Callback):
             self._rank.snapshot_if_empty(pl_module)
 
     @torch.no_grad()
-    def rescale(self, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer) -> list[float]:
-        """Rescale all LoRA layers of ``pl_module`` from their current gradients; returns the ``αβ`` values."""
-        products: list[float] = []
+    def rescale(self, pl_module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[float]:
+        """Rescale all LoRA layers of ``pl_module`` from their current gradients; returns the ``αβ`` means.
+
+        The ``2r × 2r`` systems of all layers whose columns are all active are solved in one batched call
+        (per rank); the rest (zero columns at initialisation, infeasible solutions) go through the
+        per-layer path with its fallback. Both give :func:`optimal_column_scales`'s answer.
+        """
+        systems: list[tuple[LoRALinear, Tensor, Tensor, Tensor, float]] = []
         for layer in lora_layers(pl_module).values():
             lora_a, lora_b = layer.lora_A.weight, layer.lora_B.weight
             if lora_a.grad is None or lora_b.grad is None:
@@ -249,14 +269,32 @@ class ScaLoRA(Callback):
                 self.counts["skipped"] += 1
                 continue
             s = layer.scale
-            alpha, beta, how = optimal_column_scales(
+            gram, lam, active = _normal_equations(
                 a=s * lora_b.float(),
                 b=lora_a.float().T,
                 grad_b_side=lora_b.grad.float() / s,
                 grad_a_side=lora_a.grad.float().T,
-                lipschitz_lr=lipschitz_lr,
-                fallback=self.fallback,
             )
+            systems.append((layer, gram, lam, active, lipschitz_lr))
+
+        solved: dict[int, tuple[Tensor, Tensor, str]] = {}
+        by_size: dict[int, list[int]] = {}
+        for i, (_, gram, _, active, _) in enumerate(systems):
+            if bool(active.all()):
+                by_size.setdefault(gram.shape[0], []).append(i)
+        for size, members in by_size.items():
+            grams = torch.stack([systems[i][1] for i in members])
+            lams = torch.stack([systems[i][2] for i in members]).unsqueeze(-1)
+            v = torch.linalg.lstsq(grams, lams).solution.squeeze(-1)
+            feasible = torch.isfinite(v).all(dim=1) & (v > 0).all(dim=1)
+            for row, i in enumerate(members):
+                if feasible[row]:
+                    scales = (v[row] / systems[i][4]).sqrt()
+                    solved[i] = (scales[: size // 2], scales[size // 2 :], "columns")
+
+        products: list[float] = []
+        for i, (layer, gram, lam, active, lipschitz_lr) in enumerate(systems):
+            alpha, beta, how = solved.get(i) or _solve_layer(gram, lam, active, lipschitz_lr, self.fallback)
             self.counts[how] += 1
             if how != "skipped":
                 apply_column_scales(layer, alpha, beta, optimizer)

@@ -286,3 +286,25 @@ def test_lora_restart_merges_and_resets(tiny_backbone, quiet_trainer):
     ranks = monitor.history[-1][1]
     assert len(ranks) == 8 and all(v > 0 for v in ranks.values())
     assert not restart._handles  # hooks removed at the end of fit
+
+
+def test_batched_rescale_equals_per_layer_solutions(tiny_backbone):
+    """``ScaLoRA.rescale`` solves all layers' systems in one batched call; it must match the per-layer path."""
+    model = _tiny_lora(tiny_backbone, r=4)
+    opt = _adam_steps(model)
+    expected = {}
+    for name, layer in lora_layers(model).items():
+        s = layer.scale
+        lora_a, lora_b = layer.lora_A.weight, layer.lora_B.weight
+        alpha, beta, how = optimal_column_scales(
+            s * lora_b, lora_a.T, lora_b.grad / s, lora_a.grad.T, lipschitz_lr=10.0
+        )
+        expected[name] = (lora_a * beta.float()[:, None], lora_b * alpha.float(), how)
+    callback = ScaLoRA(rank_every=0)
+    callback.rescale(model, opt)
+    hows = [how for *_, how in expected.values()]
+    assert callback.counts["columns"] == hows.count("columns") > 0
+    assert callback.counts["scalar"] == hows.count("scalar")
+    for name, layer in lora_layers(model).items():
+        torch.testing.assert_close(layer.lora_A.weight, expected[name][0], rtol=1e-6, atol=0)
+        torch.testing.assert_close(layer.lora_B.weight, expected[name][1], rtol=1e-6, atol=0)
