@@ -60,7 +60,7 @@ agree to ``--check-tol`` (default 1e-5), which shows the timed computation is th
 
 Usage (from the repository root)::
 
-    python benchmarks/lora_vs_peft.py                           # batch 8, 5 warm-up + 30 timed steps, 5 reps
+    python benchmarks/lora_vs_peft.py                           # batch 8, 5 warm-up + 60 timed steps, 9 reps
     python benchmarks/lora_vs_peft.py --batch-size 16 --steps 30 --reps 3 --r 16 --alpha 32
 
 Writes ``benchmarks/results/lora_vs_peft.json`` (``--no-write`` to skip) and exits 1 if the correctness check
@@ -128,9 +128,9 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per repetition (>= 10)")
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per repetition (>= 10)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions (fresh processes per variant)")
+    parser.add_argument("--reps", type=int, default=9, help="repetitions (fresh processes per variant)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads",
