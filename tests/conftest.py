@@ -45,9 +45,12 @@ def tiny_tokenizer(tiny_backbone):
     return tiny_backbone[1]
 
 
-@pytest.fixture
-def quiet_trainer(tmp_path):
-    """Factory for a single-process CPU ``Trainer`` with no logger, progress bar, summary or validation."""
+@pytest.fixture(scope="session")
+def quiet_trainer(tmp_path_factory: pytest.TempPathFactory):
+    """Factory for a single-process CPU ``Trainer`` with no logger, progress bar, summary or validation.
+
+    Session-scoped so module-scoped fixtures can train too; each Trainer gets its own root directory.
+    """
     import lightning as L
 
     def make(max_steps: int = -1, callbacks=(), **overrides):
@@ -61,7 +64,7 @@ def quiet_trainer(tmp_path):
             enable_checkpointing=False,
             num_sanity_val_steps=0,
             limit_val_batches=0,
-            default_root_dir=tmp_path,
+            default_root_dir=tmp_path_factory.mktemp("trainer"),
             callbacks=list(callbacks),
         )
         return L.Trainer(**{**kwargs, **overrides})

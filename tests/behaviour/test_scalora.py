@@ -60,37 +60,29 @@ def test_regression_scalora_beats_lora_and_restart():
     assert scalora < 0.5 * min(restarts.values()), (scalora, restarts)
 
 
-def _trainer(max_steps: int, callbacks=()) -> L.Trainer:
-    return L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=list(callbacks),
-    )
-
-
 def _copy_data(shift: int) -> ChatSFTDataModule:
     return ChatSFTDataModule(
-        task="copy", task_kwargs={"shift": shift}, num_train=4096, num_val=64, batch_size=16, max_length=64, seed=3
+        task="copy",
+        task_kwargs={"shift": shift},
+        num_train=4096,
+        num_val=64,
+        batch_size=16,
+        max_length=64,
+        seed=3,
     )
 
 
 @pytest.fixture(scope="module")
-def copy_model(tiny_backbone, tmp_path_factory) -> str:
+def copy_model(tiny_backbone, tmp_path_factory, quiet_trainer) -> str:
     """The tiny backbone fully fine-tuned on plain copying (the "pretrained" model the adapters start from)."""
     path = tmp_path_factory.mktemp("copy_base")
     L.seed_everything(0)
-    _trainer(200).fit(CausalLMModule(lr=3e-3, warmup_ratio=0.05, save_dir=str(path)), _copy_data(shift=0))
+    model = CausalLMModule(lr=3e-3, warmup_ratio=0.05, save_dir=str(path))
+    quiet_trainer(200).fit(model, _copy_data(shift=0))
     return str(path)
 
 
-def _adapt(base: str, callbacks, steps: int = 200) -> float:
+def _adapt(quiet_trainer, base: str, callbacks, steps: int = 200) -> float:
     L.seed_everything(0)
     module = CausalLMModule(
         base,
@@ -101,14 +93,14 @@ def _adapt(base: str, callbacks, steps: int = 200) -> float:
         lora=LoRAConfig(r=2, alpha=4, target_modules="all-linear"),
     )
     data = _copy_data(shift=3)
-    _trainer(steps, callbacks).fit(module, data)
+    quiet_trainer(steps, callbacks).fit(module, data)
     validate = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     return validate.validate(module, data, verbose=False)[0]["val/loss"]
 
 
 @pytest.mark.slow
-def test_tiny_lm_shifted_copy_scalora_beats_lora_and_restart(copy_model):
-    lora = _adapt(copy_model, [])
-    restart = _adapt(copy_model, [LoRARestart(interval=50)])
-    scalora = _adapt(copy_model, [ScaLoRA(rank_every=0)])
+def test_tiny_lm_shifted_copy_scalora_beats_lora_and_restart(copy_model, quiet_trainer):
+    lora = _adapt(quiet_trainer, copy_model, [])
+    restart = _adapt(quiet_trainer, copy_model, [LoRARestart(interval=50)])
+    scalora = _adapt(quiet_trainer, copy_model, [ScaLoRA(rank_every=0)])
     assert scalora < 0.7 * restart and scalora < 0.7 * lora, (scalora, restart, lora)
