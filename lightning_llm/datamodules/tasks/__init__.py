@@ -151,6 +151,7 @@ def _derive_seed(seed: int, stream: int) -> int:
 # Built-in tasks register themselves on import; they need the names above, hence the late import.
 from lightning_llm.datamodules.tasks.arithmetic import ArithmeticTask  # noqa: E402
 from lightning_llm.datamodules.tasks.copy import CopyTask  # noqa: E402
+from lightning_llm.datamodules.tasks.length import LengthTask  # noqa: E402
 from lightning_llm.datamodules.tasks.multihop_qa import MultiHopQATask  # noqa: E402
 
-__all__ += ["ArithmeticTask", "CopyTask", "MultiHopQATask"]
+__all__ += ["ArithmeticTask", "CopyTask", "LengthTask", "MultiHopQATask"]
