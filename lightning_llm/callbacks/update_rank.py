@@ -15,24 +15,25 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_llm.modules.lora import DEFAULT_TARGET_MODULES, LoRALinear, stable_rank
+from lightning_llm.modules.lora import (
+    DEFAULT_TARGET_MODULES,
+    iter_effective_weights,
+    module_matches,
+    stable_rank,
+)
 
 __all__ = ["UpdateRankMonitor"]
 
 
 def _tracked_weights(module: nn.Module, targets: Sequence[str]) -> dict[str, Tensor]:
     """Current effective weights (fp32, detached) of the LoRA layers, or else of linear layers in ``targets``."""
-    lora = {n: m for n, m in module.named_modules() if isinstance(m, LoRALinear)}
+    lora = dict(iter_effective_weights(module))
     if lora:
-        out = {}
-        for name, layer in lora.items():
-            weight = layer.base_layer.weight.detach().float()
-            out[name] = weight if layer.merged else weight + layer.delta_weight().float()
-        return out
+        return lora
     return {
         n: m.weight.detach().float()
         for n, m in module.named_modules()
-        if isinstance(m, nn.Linear) and any(n == t or n.endswith("." + t) for t in targets)
+        if isinstance(m, nn.Linear) and module_matches(n, targets)
     }
 
 
