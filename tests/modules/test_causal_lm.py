@@ -24,22 +24,6 @@ def _datamodule(**kw) -> ChatSFTDataModule:
     return ChatSFTDataModule(**{**defaults, **kw})
 
 
-def _trainer(tmp_path, max_steps, callbacks=(), **kw) -> L.Trainer:
-    return L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        callbacks=list(callbacks),
-        **kw,
-    )
-
-
 def test_loss_matches_transformers_token_mean(tiny_backbone):
     module = CausalLMModule()
     dm = _datamodule()
@@ -101,10 +85,10 @@ def test_bad_arguments_fail_at_construction(kwargs, match, tiny_backbone):
         CausalLMModule(**kwargs)
 
 
-def test_fit_saves_reloadable_model(tiny_backbone, tmp_path):
+def test_fit_saves_reloadable_model(tiny_backbone, tmp_path, quiet_trainer):
     save_dir = tmp_path / "model"
     module = CausalLMModule(save_dir=str(save_dir))
-    _trainer(tmp_path, max_steps=2).fit(module, _datamodule())
+    quiet_trainer(max_steps=2).fit(module, _datamodule())
     assert (save_dir / "model.safetensors").is_file()
     reloaded, tokenizer = load_backbone(str(save_dir))
     ids = torch.tensor([tokenizer("What is 3 + 4?")["input_ids"]])
@@ -116,12 +100,14 @@ def test_fit_saves_reloadable_model(tiny_backbone, tmp_path):
     assert isinstance(out, list) and isinstance(out[0], str)
 
 
-def test_resume_from_mid_run_checkpoint_is_exact(tiny_backbone, tmp_path):
+def test_resume_from_mid_run_checkpoint_is_exact(tiny_backbone, tmp_path, quiet_trainer):
     """Stop at step 3 of 7 (mid-epoch), resume from the checkpoint: steps 4-7 give identical losses."""
     L.seed_everything(0)
     full = LossRecorder()
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1, save_last=False)
-    _trainer(tmp_path / "a", max_steps=7, callbacks=[full, ckpt]).fit(CausalLMModule(), _datamodule())
+    quiet_trainer(max_steps=7, callbacks=[full, ckpt], enable_checkpointing=True).fit(
+        CausalLMModule(), _datamodule()
+    )
     path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
     assert path.is_file(), sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     state = torch.load(path, weights_only=True)  # checkpoints contain no pickled objects
@@ -129,9 +115,7 @@ def test_resume_from_mid_run_checkpoint_is_exact(tiny_backbone, tmp_path):
 
     L.seed_everything(123)  # a different global seed must not matter: all randomness is restored
     resumed = LossRecorder()
-    _trainer(tmp_path / "b", max_steps=7, callbacks=[resumed]).fit(
-        CausalLMModule(), _datamodule(), ckpt_path=str(path)
-    )
+    quiet_trainer(max_steps=7, callbacks=[resumed]).fit(CausalLMModule(), _datamodule(), ckpt_path=str(path))
     assert sorted(resumed.losses) == [4, 5, 6, 7]
     for step, loss in resumed.losses.items():
         assert loss == full.losses[step], (step, loss, full.losses[step])
