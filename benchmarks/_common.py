@@ -14,6 +14,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -183,3 +184,23 @@ def peak_rss_bytes() -> int:
         pass
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return max_rss if sys.platform == "darwin" else max_rss * 1024
+
+
+def spawn_worker(
+    script: str, name: str, argv: list[str], env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``python script *argv --worker name`` in a fresh interpreter and return the JSON of its last line.
+
+    Each measured variant runs in its own process so imports, allocator state and RSS high-water marks
+    cannot leak between them. ``env`` adds to the inherited environment (tokenizer threads are always off).
+    """
+    proc = subprocess.run(
+        [sys.executable, script, *argv, "--worker", name],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})},
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])

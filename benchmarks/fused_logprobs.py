@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import subprocess
 import sys
 from functools import partial
 from typing import Any
@@ -33,6 +32,7 @@ from _common import (
     peak_rss_bytes,
     reset_peak_rss,
     rss_bytes,
+    spawn_worker,
     summary_row,
     time_repeated,
     utc_now,
@@ -172,16 +172,6 @@ def _run_worker(args: argparse.Namespace) -> dict[str, Any]:
     return {"time_s": timing, "memory": memory, "checks": checks}
 
 
-def _spawn(method: str, argv: list[str]) -> dict[str, Any]:
-    """Run one method in a fresh interpreter and return the JSON line it prints."""
-    proc = subprocess.run(
-        [sys.executable, __file__, *argv, "--worker", method], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{method} worker failed ({proc.returncode}):\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _agreement(naive: dict[str, float], ours: dict[str, float], dtype: str) -> dict[str, Any]:
     """Relative differences of the sanity checksums; a fast-but-wrong "ours" must not pass silently."""
     tol = 1e-3 if dtype == "float32" else 3e-2
@@ -210,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for method in METHODS:
         print(f"running {method} ...", file=sys.stderr, flush=True)
-        results[method] = _spawn(method, [a for a in argv if a != "--no-write"])
+        results[method] = spawn_worker(__file__, method, [a for a in argv if a != "--no-write"])
 
     naive, ours = results["naive"], results["ours"]
     time_ratio = ours["time_s"]["median"] / naive["time_s"]["median"]

@@ -73,7 +73,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,6 +84,7 @@ from _common import (
     peak_rss_bytes,
     reset_peak_rss,
     rss_bytes,
+    spawn_worker,
     summary_row,
     utc_now,
     write_result,
@@ -440,21 +440,6 @@ def _run_worker(args: argparse.Namespace) -> dict[str, Any]:
     return {**result, "info": info}
 
 
-def _spawn(framework: str, argv: list[str]) -> dict[str, Any]:
-    """Run one framework in a fresh interpreter and return the JSON line it prints."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true"}
-    proc = subprocess.run(
-        [sys.executable, __file__, *argv, "--worker", framework],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{framework} worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _prompt_check(args: argparse.Namespace) -> dict[str, Any]:
     """Does TRL's chat-template tokenisation of the conversational prompts give the DataModule's token ids?"""
     dm = _datamodule(args)
@@ -480,7 +465,9 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     with tempfile.NamedTemporaryFile(suffix=".pstats", delete=False) as f:
         out = f.name
     worker_argv = [a for a in argv if a not in ("--no-write", "--profile", framework)]
-    result = _spawn(framework, [*worker_argv, "--profile-out", out])
+    result = spawn_worker(
+        __file__, framework, [*worker_argv, "--profile-out", out], env={"WANDB_DISABLED": "true"}
+    )
     print(
         f"{framework}: median step {result['time_s']['median'] * 1e3:.1f} ms under cProfile "
         f"({args.steps} steps)"
@@ -536,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
         order = FRAMEWORKS if rep % 2 == 0 else FRAMEWORKS[::-1]
         for framework in order:
             print(f"rep {rep + 1}/{args.reps}: running {framework} ...", file=sys.stderr, flush=True)
-            runs[framework].append(_spawn(framework, worker_argv))
+            runs[framework].append(
+                spawn_worker(__file__, framework, worker_argv, env={"WANDB_DISABLED": "true"})
+            )
             r = runs[framework][-1]
             print(
                 f"  median {r['time_s']['median'] * 1e3:.1f} ms/step, peak +{r['memory']['peak_mib']:.1f} MiB, "

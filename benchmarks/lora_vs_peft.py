@@ -73,9 +73,7 @@ import argparse
 import gc
 import hashlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -86,6 +84,7 @@ from _common import (
     peak_rss_bytes,
     reset_peak_rss,
     rss_bytes,
+    spawn_worker,
     summary_row,
     utc_now,
     write_result,
@@ -336,21 +335,6 @@ def _run_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _spawn(variant: str, argv: list[str]) -> dict[str, Any]:
-    """Run one variant in a fresh interpreter and return the JSON line it prints."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(
-        [sys.executable, __file__, *argv, "--worker", variant],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{variant} worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 # ------------------------------------------------------------------------------------------ correctness
 
 
@@ -469,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         order = variants if rep % 2 == 0 else variants[::-1]
         for variant in order:
             print(f"rep {rep + 1}/{args.reps}: running {variant} ...", file=sys.stderr, flush=True)
-            r = _spawn(variant, worker_argv)
+            r = spawn_worker(__file__, variant, worker_argv)
             runs[variant].append(r)
             print(
                 f"  mean {r['time_s']['mean'] * 1e3:.2f} ms/step (median step "
