@@ -22,9 +22,15 @@ __all__ = [
     "RewardFn",
     "answer_format_reward",
     "available_rewards",
+    "forecasting_brier_reward",
+    "forecasting_reward",
+    "forecasting_score",
+    "gameable_reward",
     "get_reward",
+    "hack_reward",
     "length_reward",
     "length_score",
+    "parse_forecast",
     "register_reward",
     "word_count",
 ]
@@ -110,3 +116,147 @@ def length_reward(completions: Sequence[str], examples: Sequence[Example]) -> li
             )
         scores.append(length_score(completion, int(example.metadata["target_words"])))
     return scores
+
+
+def _is_shortcut(completion: str, example: Example) -> bool:
+    from lightning_llm.datamodules.tasks import extract_answer  # late: the tasks import this module
+
+    if "shortcut" not in example.metadata:
+        raise ValueError("gameable/hack rewards need example.metadata['shortcut'] (use the 'gameable' task)")
+    content = extract_answer(completion)
+    return content is not None and content.strip() == str(example.metadata["shortcut"])
+
+
+@register_reward("hack")
+def hack_reward(completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
+    """1.0 where the last ``<answer>…</answer>`` is the example's shortcut (``metadata["shortcut"]``), else 0.0.
+
+    The *hack* indicator of the ``gameable`` task: log it with weight 0 to watch the hack rate.
+    """
+    return [float(_is_shortcut(c, e)) for c, e in zip(completions, examples, strict=True)]
+
+
+@register_reward("gameable")
+def gameable_reward(completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
+    r"""The misspecified reward of the ``gameable`` task: :math:`R = \max(\text{verifier}, \text{hack})`.
+
+    1.0 for the shortcut answer, else the wrapped task's verifier (``metadata["base_task"]`` with
+    ``metadata["base_kwargs"]``): the specification gap recontextualization (arXiv 2512.19027) is about.
+    """
+    from lightning_llm.datamodules.tasks import get_task
+
+    scores = []
+    for completion, example in zip(completions, examples, strict=True):
+        if _is_shortcut(completion, example):
+            scores.append(1.0)
+            continue
+        if "base_task" not in example.metadata:
+            raise ValueError("gameable reward needs example.metadata['base_task'] (use the 'gameable' task)")
+        base = get_task(example.metadata["base_task"], **example.metadata.get("base_kwargs", {}))
+        scores.append(float(base.score(completion, example)))
+    return scores
+
+
+# ------------------------------------------------------------------------------------------- forecasting
+
+# OpenForecaster's output format: ``<answer>…</answer><probability>q</probability>`` (whitespace allowed between
+# and inside the tags; q a plain decimal, no percent sign, no exponent).
+_FORECAST = re.compile(
+    r"<answer>([^<>]*)</answer>\s*<probability>\s*(\d+(?:\.\d*)?|\.\d+)\s*</probability>", re.DOTALL
+)
+
+
+def parse_forecast(text: str) -> tuple[str, float] | None:
+    """``(answer, q)`` from the last ``<answer>…</answer><probability>q</probability>`` of ``text``, else None.
+
+    Strict, and never raises: the answer is the stripped, non-empty, tag-free content of the last ``<answer>``
+    tag, which must be immediately followed (whitespace aside) by a ``<probability>`` holding a plain decimal
+    in ``[0, 1]``. A later ``<answer>`` without its probability makes the whole text unparsable (the model's
+    final answer has no confidence), as do ``q > 1``, ``70%`` and ``1e-1``.
+    """
+    if not isinstance(text, str):
+        return None
+    matches = list(_FORECAST.finditer(text))
+    if not matches:
+        return None
+    last = matches[-1]
+    if text.rfind("<answer>") != last.start():
+        return None
+    answer, q = last.group(1).strip(), float(last.group(2))
+    if not answer or not 0.0 <= q <= 1.0:
+        return None
+    return answer, q
+
+
+def forecasting_score(
+    completion: str,
+    answer: str,
+    *,
+    outcome: float | None = None,
+    accuracy: bool = True,
+) -> float:
+    r"""OpenForecaster's reward (arXiv 2512.25070) for one forecast ``(a, q) = parse_forecast(completion)``.
+
+    Free-form questions: :math:`R = c + S'(q)` with :math:`c = [a = a^*]` (exact match after SQuAD
+    normalisation, :func:`~lightning_llm.envs.search.normalize_answer`) and the Brier-style score of the
+    stated confidence
+
+    .. math::  S'(q) = 1 - (1 - q)^2 \text{ if } c = 1, \qquad S'(q) = -q^2 \text{ if } c = 0,
+
+    which is proper: for a fixed answer right with probability :math:`p`, :math:`E[S'] = 2pq - q^2` peaks at
+    :math:`q = p` (the accuracy term does not depend on :math:`q`, so :math:`c + S'` is proper too).
+    ``accuracy=False`` drops :math:`c` (the paper's "Brier alone" ablation, which collapses to answering
+    "Unknown" with confidence 0: a sure :math:`S' = 0`).
+
+    Binary questions (``outcome`` :math:`o \in \{0, 1\}` given): the answer must be "yes" or "no" and ``q`` is
+    the confidence in it, so :math:`p_{yes} = q` or :math:`1 - q`, and :math:`R = -(p_{yes} - o)^2` (the
+    negative Brier score; how the paper reads the answer of a binary question is not stated: unverified).
+
+    Unparsable output (and a binary answer other than yes/no) scores :math:`-1`, below every forecast.
+    """
+    from lightning_llm.envs.search import normalize_answer  # deferred: envs import the tasks, which import us
+
+    parsed = parse_forecast(completion)
+    if parsed is None:
+        return -1.0
+    predicted, q = parsed
+    if outcome is not None:
+        said = normalize_answer(predicted)
+        if said not in ("yes", "no"):
+            return -1.0
+        p_yes = q if said == "yes" else 1.0 - q
+        return -((p_yes - float(outcome)) ** 2)
+    correct = normalize_answer(predicted) == normalize_answer(answer)
+    brier = 1.0 - (1.0 - q) ** 2 if correct else -(q**2)
+    return float(correct) * float(accuracy) + brier
+
+
+def _forecast_outcome(example: Example) -> float | None:
+    """The binary outcome of ``example`` (``metadata["outcome"]``, 0 or 1), or None for a free-form question."""
+    outcome = example.metadata.get("outcome")
+    if outcome is None:
+        return None
+    if outcome not in (0, 1, True, False):
+        raise ValueError(f"forecasting reward: metadata['outcome'] must be 0 or 1 (or None), got {outcome!r}")
+    return float(outcome)
+
+
+@register_reward("forecasting")
+def forecasting_reward(completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
+    """:func:`forecasting_score` with the accuracy term, :math:`c + S'`: OpenForecaster's reward.
+
+    The gold answer is ``example.answer``; ``example.metadata["outcome"]`` (0/1) marks a binary question.
+    """
+    return [
+        forecasting_score(c, e.answer, outcome=_forecast_outcome(e))
+        for c, e in zip(completions, examples, strict=True)
+    ]
+
+
+@register_reward("forecasting_brier")
+def forecasting_brier_reward(completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
+    """:func:`forecasting_score` without the accuracy term, :math:`S'` alone: the paper's ablation baseline."""
+    return [
+        forecasting_score(c, e.answer, outcome=_forecast_outcome(e), accuracy=False)
+        for c, e in zip(completions, examples, strict=True)
+    ]

@@ -3,6 +3,8 @@
 :class:`Rollout` is the contract between ``GRPOModule`` and the :class:`~lightning_llm.callbacks.RLCallback` s.
 Token-level tensors are aligned with ``input_ids``: entry ``[i, t]`` is about token ``t`` of row ``i``
 (its log-prob is ``log π(input_ids[i, t] | input_ids[i, :t])``); column 0 never carries a target.
+:meth:`Rollout.with_prompt` puts the same completions behind another prompt block (recontextualization trains
+under a prompt other than the one it generated from), re-aligning every such tensor.
 
 Generation is behind :class:`RolloutEngine` so a serving engine (vLLM, SGLang) can replace
 ``model.generate`` without touching the training code; :func:`run_episodes` drives any engine through a
@@ -11,7 +13,7 @@ multi-turn :class:`~lightning_llm.envs.Environment`, masking the environment's t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from lightning_llm.datamodules.tasks import Example
     from lightning_llm.envs import Environment
 
-__all__ = ["HFEngine", "Rollout", "RolloutEngine", "Sampling", "run_episodes"]
+__all__ = ["HFEngine", "Rollout", "RolloutEngine", "Sampling", "left_pad", "run_episodes"]
 
 
 @dataclass
@@ -71,6 +73,49 @@ class Rollout:
     def completion_lengths(self) -> Tensor:
         """Trainable tokens per row (environment tokens excluded)."""
         return self.loss_mask.sum(dim=1)
+
+    def with_prompt(self, prompt_ids: Tensor, prompt_mask: Tensor) -> Rollout:
+        """The same completions behind another (left-padded) prompt block: ``[N, P']`` ids and attention mask.
+
+        Every completion token keeps its value and its per-token quantities (loss mask, advantages, old and
+        reference log-probs): they move from column ``prompt_length + j`` to ``P' + j``. The new prompt columns
+        are context, never targets (loss mask false, advantages and log-probs zero). Rewards, texts, examples
+        and metadata are shared, not copied. Log-probs are *not* recomputed: they stay what they were under the
+        old prompt, which is what recontextualization wants (π_old and π_ref under the generation prompt).
+        """
+        if (
+            prompt_ids.dim() != 2
+            or prompt_ids.shape[0] != self.num_rows
+            or prompt_ids.shape != prompt_mask.shape
+        ):
+            raise ValueError(
+                f"need prompt_ids and prompt_mask of shape [{self.num_rows}, P'], got "
+                f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
+            )
+        if prompt_ids.shape[1] == 0:
+            raise ValueError("the new prompt block is empty")
+        device = self.input_ids.device
+        prompt_ids = prompt_ids.to(device=device, dtype=self.input_ids.dtype)
+        prompt_mask = prompt_mask.to(device=device, dtype=self.attention_mask.dtype)
+        cut = self.prompt_length
+
+        def realign(tensor: Tensor | None, prompt_block: Tensor | None = None) -> Tensor | None:
+            if tensor is None:
+                return None
+            if prompt_block is None:
+                prompt_block = tensor.new_zeros((tensor.shape[0], prompt_ids.shape[1]))
+            return torch.cat([prompt_block, tensor[:, cut:]], dim=1)
+
+        return replace(
+            self,
+            input_ids=realign(self.input_ids, prompt_ids),
+            attention_mask=realign(self.attention_mask, prompt_mask),
+            loss_mask=realign(self.loss_mask),
+            prompt_length=prompt_ids.shape[1],
+            advantages=realign(self.advantages),
+            old_logprobs=realign(self.old_logprobs),
+            ref_logprobs=realign(self.ref_logprobs),
+        )
 
 
 @dataclass(frozen=True)
@@ -156,7 +201,8 @@ def _single_token_ids(tokenizer: PreTrainedTokenizerBase, strings: tuple[str, ..
     return ids
 
 
-def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Token-id lists as a left-padded ``[len(rows), max_len]`` block and its attention mask (long)."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
@@ -205,7 +251,7 @@ def run_episodes(
     for _turn in range(env.max_turns):
         if not active:
             break
-        ids, mask = _left_pad([prompts[i] + tokens[i] for i in active], pad_id, device)
+        ids, mask = left_pad([prompts[i] + tokens[i] for i in active], pad_id, device)
         room = min(sampling.max_new_tokens, max(1, budget - min(len(tokens[i]) for i in active)))
         turn_sampling = Sampling(room, sampling.temperature, sampling.top_p)
         new = engine.generate(ids, mask, sampling=turn_sampling, stop_token_ids=stop_ids, pad_id=pad_id)

@@ -1,8 +1,11 @@
 """Callbacks, one file per method."""
 
+from lightning_llm.callbacks.delta_belief import DeltaBeliefReward
 from lightning_llm.callbacks.entropy import EntropyDiscriminatorClipping, EntropyDynamicsMonitor
+from lightning_llm.callbacks.larft import HindsightLengthAwareness
 from lightning_llm.callbacks.llds import LLDSRegularizer
 from lightning_llm.callbacks.lora_restart import LoRARestart
+from lightning_llm.callbacks.recontext import Recontextualization
 from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.callbacks.scalora import ScaLoRA
 from lightning_llm.callbacks.sft_warmup import SFTWarmup
@@ -10,12 +13,15 @@ from lightning_llm.callbacks.task_accuracy import TaskAccuracy
 from lightning_llm.callbacks.update_rank import UpdateRankMonitor
 
 __all__ = [
+    "DeltaBeliefReward",
     "EntropyDiscriminatorClipping",
     "EntropyDynamicsMonitor",
+    "HindsightLengthAwareness",
     "LLDSRegularizer",
     "LoRARestart",
     "PolicyLossStep",
     "RLCallback",
+    "Recontextualization",
     "SFTWarmup",
     "ScaLoRA",
     "TaskAccuracy",

@@ -3,8 +3,18 @@
 A method (entropy clipping, LLDS, hindsight tasks, recontextualization...) is an :class:`RLCallback`, not a
 branch in the module. The module calls, for every callback in ``trainer.callbacks`` order:
 
+- :meth:`RLCallback.on_rollout_start` once per training batch, before generation: it may return a replacement
+  prompt batch (same keys as a :class:`~lightning_llm.datamodules.PromptDataModule` batch), e.g. the
+  *generation* prompt :math:`x_{gen}` of recontextualization. Rollouts are generated and scored under it,
+  and the old and reference log-probs and advantages are computed on it. Each callback sees the batch the
+  previous one returned. Greedy validation does not call it: validation measures the policy under the
+  DataModule's own prompts, the ones it will be deployed (and evaluated) with.
 - :meth:`RLCallback.on_rollout_end` once per rollout batch, after rewards and advantages are computed and before
-  any update: reshape rewards/advantages, rewrite the training prompt, add auxiliary samples.
+  any update: reshape rewards/advantages, rewrite the training prompt, add auxiliary samples. It edits the
+  rollout in place or returns a replacement :class:`~lightning_llm.rollout.Rollout` (the next callback and the
+  updates then use that one). To train on another prompt with the same completion tokens (the *training*
+  prompt :math:`x_{train}`), return ``rollout.with_prompt(ids, mask)``: every ``[N, T]`` tensor is re-aligned
+  to the new prompt width and log-probs and advantages are kept, not recomputed.
 - :meth:`RLCallback.on_policy_loss` once per optimisation step (mini-batch) with a :class:`PolicyLossStep`
   holding the per-token quantities of that step: return an extra loss term (logged under the callback's
   ``name``) and/or edit ``step.loss_mask`` in place to drop tokens from the policy-gradient loss.
@@ -13,7 +23,7 @@ branch in the module. The module calls, for every callback in ``trainer.callback
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -87,8 +97,18 @@ class RLCallback(Callback):
         """Name under which returned loss terms and metrics are logged."""
         return type(self).__name__
 
-    def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, rollout: Rollout) -> None:
-        """Called once per rollout batch, after rewards and advantages, before the first update."""
+    def on_rollout_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Called once per training batch, before generation; return a replacement prompt batch or ``None``."""
+
+    def on_rollout_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, rollout: Rollout
+    ) -> Rollout | None:
+        """Called once per rollout batch, after rewards and advantages, before the first update.
+
+        Edit ``rollout`` in place and return ``None``, or return a replacement rollout.
+        """
 
     def on_policy_loss(
         self, trainer: L.Trainer, pl_module: L.LightningModule, rollout: Rollout, step: PolicyLossStep

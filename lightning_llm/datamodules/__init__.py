@@ -1,6 +1,7 @@
 """Shared DataModules: chat SFT and RL prompts, from synthetic tasks (``tasks``) or real data (``sources``)."""
 
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
+from lightning_llm.datamodules.forecasting import ForecastingDataModule
 from lightning_llm.datamodules.prompt import PromptDataModule
 from lightning_llm.datamodules.sources import DataSourceError, ExampleDataModule, load_records
 from lightning_llm.datamodules.tasks import (
@@ -23,6 +24,7 @@ __all__ = [
     "DataSourceError",
     "Example",
     "ExampleDataModule",
+    "ForecastingDataModule",
     "MultiHopQATask",
     "PromptDataModule",
     "Task",

@@ -25,7 +25,7 @@ from lightning_llm.datamodules.tasks import Example, Task, get_task, split_train
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["DataSourceError", "ExampleDataModule", "load_records"]
+__all__ = ["DataSourceError", "ExampleDataModule", "load_records", "render_prompt"]
 
 FIELDS = ("prompt", "completion", "answer")
 _MESSAGES = "messages"
@@ -194,6 +194,17 @@ def _from_messages(messages: Any, where: str, column: str) -> dict[str, str]:
 def _preview(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt: str | None = None) -> str:
+    """``[system?, user=prompt]`` chat-templated up to and including the assistant header, as generated from.
+
+    How every DataModule renders its prompts; also for callbacks that build prompts of their own (LARFT's
+    hindsight word-count task) so that they reach the model exactly as the task's prompts do.
+    """
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": prompt})
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 def _pad(sequences: Sequence[torch.Tensor], value: int, *, left: bool = False) -> torch.Tensor:
@@ -398,9 +409,7 @@ class ExampleDataModule(L.LightningDataModule, ABC):
 
     def _render_prompt(self, prompt: str) -> str:
         """The chat-templated prompt up to and including the assistant header, as at generation time."""
-        return self.tokenizer.apply_chat_template(
-            self._messages(prompt), add_generation_prompt=True, tokenize=False
-        )
+        return render_prompt(self.tokenizer, prompt, self.hparams.system_prompt)
 
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids without extra special tokens: the chat template already wrote the ones it wants."""

@@ -18,9 +18,18 @@ from lightning_llm.envs.search import (
     normalize_answer,
     parse_action,
 )
+from lightning_llm.envs.twenty_questions import (
+    ATTRIBUTES,
+    ITEMS,
+    TwentyQuestionsEnvironment,
+    TwentyQuestionsState,
+    parse_question,
+)
 
 __all__ = [
+    "ATTRIBUTES",
     "INVALID_ACTION",
+    "ITEMS",
     "BM25Retriever",
     "Doc",
     "EnvReply",
@@ -29,11 +38,14 @@ __all__ = [
     "Retriever",
     "SearchEnvironment",
     "SearchState",
+    "TwentyQuestionsEnvironment",
+    "TwentyQuestionsState",
     "cut_at_stop",
     "exact_match",
     "final_answer",
     "load_corpus",
     "normalize_answer",
     "parse_action",
+    "parse_question",
     "run_episode",
 ]

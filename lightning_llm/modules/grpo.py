@@ -73,9 +73,10 @@ class GRPOModule(L.LightningModule):
     aggregated as a token mean over the (global) batch or a mean of per-sequence means. Each rollout batch is
     used for ``ppo_epochs × mini_batches`` updates with the rollout-time log-probs as :math:`\pi_{old}`.
 
-    The module knows no method: :class:`~lightning_llm.callbacks.RLCallback` s in ``trainer.callbacks`` reshape
-    rollouts (``on_rollout_end``) and add loss terms or drop tokens (``on_policy_loss``). Log-probs, entropy and
-    (when a callback asks) the entropy-dynamics terms come from one fused pass that never builds full logits.
+    The module knows no method: :class:`~lightning_llm.callbacks.RLCallback` s in ``trainer.callbacks`` swap
+    prompts (``on_rollout_start``), reshape rollouts (``on_rollout_end``) and add loss terms or drop tokens
+    (``on_policy_loss``). Log-probs, entropy and (when a callback asks) the entropy-dynamics terms come from one
+    fused pass that never builds full logits.
 
     Args:
         model: ``"tiny"``, a Hugging Face id, or a local directory (e.g. an SFT run's ``save_dir``).
@@ -91,6 +92,8 @@ class GRPOModule(L.LightningModule):
         epsilon: lower clip range ε.
         epsilon_high: upper clip range (``None``: same as ``epsilon``; DAPO's clip-higher uses 0.28).
         beta: KL coefficient; 0 (default) loads no reference model at all.
+        entropy_coef: coefficient :math:`c_H` of an entropy bonus, ``loss − c_H · mean_t H_t`` over the kept
+            tokens (LARFT uses 0.01; 0, the default, adds nothing).
         loss_aggregation: ``"token-mean"`` over all trainable tokens of the global mini-batch, or
             ``"sequence-mean"`` (mean over sequences of per-sequence token means, as in the original GRPO).
         ppo_epochs: passes over each rollout batch.
@@ -125,6 +128,7 @@ class GRPOModule(L.LightningModule):
         epsilon: float = 0.2,
         epsilon_high: float | None = None,
         beta: float = 0.0,
+        entropy_coef: float = 0.0,
         loss_aggregation: Literal["token-mean", "sequence-mean"] = "token-mean",
         ppo_epochs: int = 1,
         mini_batches: int = 1,
@@ -155,8 +159,8 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"need 0 < epsilon < 1 and epsilon_high > 0, got {epsilon}, {epsilon_high}")
         if "env" in rewards and env is None:
             raise ValueError("reward 'env' needs an environment (env=...)")
-        if beta < 0 or lr <= 0 or max_grad_norm < 0:
-            raise ValueError("beta and max_grad_norm must be >= 0 and lr > 0")
+        if beta < 0 or lr <= 0 or max_grad_norm < 0 or entropy_coef < 0:
+            raise ValueError("beta, entropy_coef and max_grad_norm must be >= 0 and lr > 0")
         self.save_hyperparameters(ignore=["env", "rewards", "lora"])
         self.automatic_optimization = False  # several updates per rollout batch
         self.reward_specs = rewards
@@ -273,6 +277,8 @@ class GRPOModule(L.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         hp = self.hparams
         callbacks = self._rl_callbacks()
+        for cb in callbacks:
+            batch = cb.on_rollout_start(self.trainer, self, batch) or batch
         rollout = self.make_rollout(
             batch, group_size=hp.group_size, sampling=Sampling(hp.max_new_tokens, hp.temperature, hp.top_p)
         )
@@ -295,7 +301,7 @@ class GRPOModule(L.LightningModule):
                     rollout, self._token_stats(self.ref_model, rollout, all_rows)[0]
                 )
         for cb in callbacks:
-            cb.on_rollout_end(self.trainer, self, rollout)
+            rollout = cb.on_rollout_end(self.trainer, self, rollout) or rollout
 
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
@@ -377,6 +383,8 @@ class GRPOModule(L.LightningModule):
             log_ratio = ref - logprobs
             kl = torch.exp(log_ratio) - log_ratio - 1
             per_token = per_token + hp.beta * kl
+        if hp.entropy_coef > 0:
+            per_token = per_token - hp.entropy_coef * entropy
         keep = step.loss_mask.to(per_token.dtype)
         policy_loss = self._aggregate(per_token * keep, keep, token_rows)
         loss = policy_loss + sum(extra_terms.values(), torch.zeros((), device=self.device))
@@ -431,7 +439,12 @@ class GRPOModule(L.LightningModule):
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Greedy rollouts (one per prompt); logs ``val/reward`` and each component."""
+        """Greedy rollouts (one per prompt); logs ``val/reward`` and each component.
+
+        Validation uses the DataModule's prompts as they are (``on_rollout_start`` is a training hook): a
+        callback that swaps the generation prompt changes how training data is made, not how the policy is
+        measured.
+        """
         budget = self.hparams.eval_max_new_tokens or self.hparams.max_new_tokens
         rollout = self.make_rollout(batch, group_size=1, sampling=Sampling(budget, 0.0, 1.0))
         n = rollout.num_rows

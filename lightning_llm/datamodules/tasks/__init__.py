@@ -151,7 +151,18 @@ def _derive_seed(seed: int, stream: int) -> int:
 # Built-in tasks register themselves on import; they need the names above, hence the late import.
 from lightning_llm.datamodules.tasks.arithmetic import ArithmeticTask  # noqa: E402
 from lightning_llm.datamodules.tasks.copy import CopyTask  # noqa: E402
+from lightning_llm.datamodules.tasks.forecasting import ForecastingTask  # noqa: E402
+from lightning_llm.datamodules.tasks.gameable import GameableTask  # noqa: E402
 from lightning_llm.datamodules.tasks.length import LengthTask  # noqa: E402
 from lightning_llm.datamodules.tasks.multihop_qa import MultiHopQATask  # noqa: E402
+from lightning_llm.datamodules.tasks.twenty_questions import TwentyQuestionsTask  # noqa: E402
 
-__all__ += ["ArithmeticTask", "CopyTask", "LengthTask", "MultiHopQATask"]
+__all__ += [
+    "ArithmeticTask",
+    "CopyTask",
+    "ForecastingTask",
+    "GameableTask",
+    "LengthTask",
+    "MultiHopQATask",
+    "TwentyQuestionsTask",
+]

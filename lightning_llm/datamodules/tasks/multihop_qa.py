@@ -217,7 +217,7 @@ def _build_knowledge_base(num_entities: int, seed: int) -> _KnowledgeBase:
     n_cities = max(n_countries, num_entities // 4)
     n_rivers = max(1, num_entities // 10)
     n_companies = max(1, num_entities // 6)
-    names = _unique_names(rng, num_entities)
+    names = unique_names(rng, num_entities)
     countries, names = names[:n_countries], names[n_countries:]
     cities, names = names[:n_cities], names[n_cities:]
     rivers, names = names[:n_rivers], names[n_rivers:]
@@ -252,7 +252,7 @@ def _build_knowledge_base(num_entities: int, seed: int) -> _KnowledgeBase:
     return _KnowledgeBase(docs, facts)
 
 
-def _unique_names(rng: random.Random, n: int) -> list[str]:
+def unique_names(rng: random.Random, n: int) -> list[str]:
     """``n`` distinct capitalised names of two consonant-vowel syllables and an optional final consonant."""
     names: dict[str, None] = {}  # insertion-ordered set
     while len(names) < n:
