@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_llm.datamodules.prompt import PromptDataModule
-from lightning_llm.datamodules.sources import DataSourceError, _read, _read_jsonl, render_prompt
+from lightning_llm.datamodules.sources import DataSourceError, _read, read_text_records, render_prompt
 from lightning_llm.datamodules.tasks import Example
 from lightning_llm.datamodules.tasks.forecasting import NewsDoc, format_question
 from lightning_llm.envs.search import BM25Retriever, normalize_answer
@@ -115,26 +115,12 @@ def load_forecast_questions(source: str, columns: Mapping[str, str] | None = Non
 
 def load_news_corpus(path: str | Path) -> list[NewsDoc]:
     """Dated articles from a JSONL file, one ``{"title": str, "text": str, "date": "YYYY-MM-DD"}`` per line."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such corpus file")
+    schema = "{'title': str, 'text': str, 'date': 'YYYY-MM-DD'}"
     docs = []
-    for where, record in _read_jsonl(path):
-        values = []
-        for column in ("title", "text"):
-            value = record.get(column)
-            if not isinstance(value, str):
-                problem = "missing column" if column not in record else f"{type(value).__name__} in column"
-                raise DataSourceError(
-                    f"{where}: {problem} {column!r} (a corpus line is {{'title': str, 'text': str, 'date': "
-                    f"'YYYY-MM-DD'}}); the record has columns {sorted(record)}"
-                )
-            values.append(value)
+    for where, record, values in read_text_records(path, ("title", "text"), schema):
         if "date" not in record:
             raise DataSourceError(f"{where}: missing column 'date'; the record has columns {sorted(record)}")
         docs.append(NewsDoc(*values, date=_parse_date(record["date"], where, "date")))
-    if not docs:
-        raise DataSourceError(f"{path}: no documents (empty corpus file)")
     return docs
 
 

@@ -25,7 +25,7 @@ from lightning_llm.datamodules.tasks import Example, Task, get_task, split_train
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["DataSourceError", "ExampleDataModule", "load_records", "render_prompt"]
+__all__ = ["DataSourceError", "ExampleDataModule", "load_records", "read_text_records", "render_prompt"]
 
 FIELDS = ("prompt", "completion", "answer")
 _MESSAGES = "messages"
@@ -112,6 +112,37 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
             if not isinstance(record, dict):
                 raise DataSourceError(f"{where}: expected a JSON object, got {type(record).__name__}")
             yield where, record
+
+
+def read_text_records(
+    path: str | Path, columns: Sequence[str], schema: str
+) -> Iterator[tuple[str, Mapping[str, Any], list[str]]]:
+    """Non-empty JSONL records of a corpus file whose ``columns`` are all strings: ``(where, record, values)``.
+
+    The one validation every corpus loader shares (search documents, dated news): a missing file is a
+    ``FileNotFoundError``; a missing or non-string column a :class:`DataSourceError` naming the file, line and
+    column, with ``schema`` (e.g. ``"{'title': str, 'text': str}"``) saying what a line should be; a file with no
+    record at all a :class:`DataSourceError` too.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such corpus file")
+    empty = True
+    for where, record in _read_jsonl(path):
+        values = []
+        for column in columns:
+            value = record.get(column)
+            if not isinstance(value, str):
+                problem = "missing column" if column not in record else f"{type(value).__name__} in column"
+                raise DataSourceError(
+                    f"{where}: {problem} {column!r} (a corpus line is {schema}); the record has columns "
+                    f"{sorted(record)}"
+                )
+            values.append(value)
+        empty = False
+        yield where, record, values
+    if empty:
+        raise DataSourceError(f"{path}: no documents (empty corpus file)")
 
 
 def _read_json(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:

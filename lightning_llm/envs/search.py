@@ -116,27 +116,10 @@ def load_corpus(path: str | Path) -> list[Doc]:
     other keys ignored). Raises :class:`~lightning_llm.datamodules.DataSourceError` naming the file, line and
     column of the first bad record."""
     # Deferred: the DataModules import the tasks package, which imports this module.
-    from lightning_llm.datamodules.sources import DataSourceError, _read_jsonl
+    from lightning_llm.datamodules.sources import read_text_records
 
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such corpus file")
-    docs = []
-    for where, record in _read_jsonl(path):
-        values = []
-        for column in ("title", "text"):
-            value = record.get(column)
-            if not isinstance(value, str):
-                problem = "missing column" if column not in record else f"{type(value).__name__} in column"
-                raise DataSourceError(
-                    f"{where}: {problem} {column!r} (a corpus line is {{'title': str, 'text': str}}); the record "
-                    f"has columns {sorted(record)}"
-                )
-            values.append(value)
-        docs.append(Doc(*values))
-    if not docs:
-        raise DataSourceError(f"{path}: no documents (empty corpus file)")
-    return docs
+    schema = "{'title': str, 'text': str}"
+    return [Doc(*values) for _, _, values in read_text_records(path, ("title", "text"), schema)]
 
 
 # --------------------------------------------------------------------------------------------- answers
