@@ -225,6 +225,25 @@ class TwentyQuestionsEnvironment(Environment):
             if name not in wrong and all(attrs[a] == v for a, v in answers.items())
         ]
 
+    def informative_questions(self, state: TwentyQuestionsState) -> list[bool]:
+        """For each question turn of the episode (valid or repeated ``ask``), whether it shrank :meth:`candidates`.
+
+        A repeated question, or one every remaining item answers the same way (``round`` among the first 8
+        shipped items), is uninformative. Guesses and invalid turns are not questions and are skipped. The
+        mean over episodes is the *informative-question rate*: what ΔBelief-RL's per-turn credit should raise.
+        """
+        replay = TwentyQuestionsState(secret=state.secret)
+        out = []
+        for action, event in zip(state.actions, state.events, strict=True):
+            before = len(self.candidates(replay)) if event in ("yes", "no") else 0
+            replay.actions.append(action)
+            replay.events.append(event)
+            if event == "repeated" and action.startswith("ask:"):
+                out.append(False)
+            elif event in ("yes", "no"):
+                out.append(len(self.candidates(replay)) < before)
+        return out
+
 
 def _check_items(items: Mapping[str, Mapping[str, bool]]) -> dict[str, dict[str, bool]]:
     if len(items) < 2:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -186,3 +187,36 @@ def test_reference_early_guesses_fit_the_budget():
     assert all(e.completion.count("<answer>") == 1 and e.metadata["turns"] == 4 for e in tight)
     with pytest.raises(ValueError, match="guess_rate"):
         get_task("twenty_questions", guess_rate=1.5)
+
+
+def test_random_reference_strategy_asks_any_attribute_and_still_wins():
+    task = get_task("twenty_questions", num_items=8, max_turns=8, guess_rate=0.3, strategy="random")
+    env = TwentyQuestionsEnvironment(num_items=8, max_turns=8)
+    examples = task.generate(200, seed=2)
+    assert examples == task.generate(200, seed=2)  # seeded
+    asked = [q for e in examples for q in re.findall(r"<search>(\w+)</search>", e.completion)]
+    # uninformative "round" (no for all 8 items) and the partial splits loud/soft are asked too
+    assert {"round", "loud", "soft"} <= set(asked)
+    for example in examples:
+        assert task.score(example.completion, example) == 1.0 and example.metadata["turns"] <= 8
+        state = env.reset(example)
+        for turn in re.findall(r"<(?:search|answer)>\w+</(?:search|answer)>", example.completion):
+            env.step(state, turn)
+        assert state.won and state.repeated == 0 and state.invalid == 0
+    with pytest.raises(ValueError, match="too few"):  # 6 questions + the guess must fit
+        get_task("twenty_questions", num_items=8, max_turns=6, strategy="random")
+    with pytest.raises(ValueError, match="strategy"):
+        get_task("twenty_questions", strategy="greedy")
+
+
+def test_informative_questions(env):
+    state = env.reset(FOX)
+    # round: "no" for all 8 items; alive splits them; the repeat adds nothing; cup is not an item here (invalid,
+    # not a question); big splits the 4 alive ones. The fifth turn exhausts the budget.
+    turns = ["<search>round</search>", "<search>alive</search>", "<search>alive</search>", "<answer>cup</answer>",
+             "<search>big</search>"]  # fmt: skip
+    for turn in turns:
+        env.step(state, turn)
+    assert state.events == ["no", "yes", "repeated", "invalid", "yes"]
+    assert env.informative_questions(state) == [False, True, False, True]
+    assert env.candidates(state) == ["cow", "fox"]

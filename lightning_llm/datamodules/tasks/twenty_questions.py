@@ -38,6 +38,17 @@ class TwentyQuestionsTask(Task):
     belief at earlier turns measures how soon it would guess rather than which item: on the tiny backbone after
     150 warm-up steps an uninformative first question raised it by 1.2 nats, an informative one by 0.9.
 
+    With ``strategy="random"`` the reference asks a random attribute not yet asked (informative or not) until
+    one item is left, then guesses it: the warm-up then teaches the protocol and how to read the answers (the
+    belief ΔBelief-RL's probe reads) but not *which* questions to ask, the part the RL reward has to teach.
+    Such games take up to ``len(attributes) + 1`` turns, so ``max_turns`` must allow that (checked); the
+    environment of the RL phase may have a smaller budget.
+
+    Use many training games for a warm-up (thousands): each prompt's game number is paired with one secret, and
+    with a few hundred games a small model learns game number → secret by heart instead of reading the answers
+    (seen on the tiny backbone with 128 games: its belief ignored the oracle's answers, log b ≈ −7 after three
+    informative ones).
+
     The verifier is 1.0 if the model guessed the secret (``<answer>secret</answer>`` among its turns: the game
     ends at the right guess, and the rollout loop at the turn budget), else 0.0: the success rate.
 
@@ -45,6 +56,7 @@ class TwentyQuestionsTask(Task):
         num_items: Items in play (the first ``num_items`` of :data:`~lightning_llm.envs.twenty_questions.ITEMS`).
         max_turns: The turn budget the reference strategy must fit in (match the environment's).
         guess_rate: Probability of an early guess before each question (see above), in [0, 1].
+        strategy: ``"halving"`` (the question that splits the remaining items most evenly) or ``"random"``.
     """
 
     name = "twenty_questions"
@@ -52,8 +64,13 @@ class TwentyQuestionsTask(Task):
     num_items: int = 16
     max_turns: int = 6
     guess_rate: float = 0.0
+    strategy: str = "halving"
 
     def __post_init__(self) -> None:
+        if self.strategy not in ("halving", "random"):
+            raise ValueError(
+                f"twenty_questions: strategy must be 'halving' or 'random', got {self.strategy!r}"
+            )
         if not 0.0 <= self.guess_rate <= 1.0:
             raise ValueError(f"twenty_questions: guess_rate must be in [0, 1], got {self.guess_rate}")
         if not 2 <= self.num_items <= len(ITEMS):
@@ -61,6 +78,8 @@ class TwentyQuestionsTask(Task):
                 f"twenty_questions: num_items must be in [2, {len(ITEMS)}], got {self.num_items}"
             )
         needed = (self.num_items - 1).bit_length() + 1
+        if self.strategy == "random":  # may ask every attribute before one item is left
+            needed = len(self.env.attributes) + 1
         if self.max_turns < needed:
             raise ValueError(
                 f"twenty_questions: {self.num_items} items take up to {needed} turns by the reference strategy "
@@ -91,13 +110,16 @@ class TwentyQuestionsTask(Task):
         completion, guessed = "", False
         while True:
             left = env.candidates(state)
-            room = self.max_turns - state.turns - (len(left) - 1).bit_length() - 1  # turns to spare
+            unasked = [a for a in env.attributes if f"ask:{a}" not in state.asked]
+            worst = len(unasked) if self.strategy == "random" else (len(left) - 1).bit_length()
+            room = self.max_turns - state.turns - worst - 1  # turns to spare
             if len(left) == 1:
                 turn = f"<answer>{left[0]}</answer>"
             elif not guessed and room >= 1 and rng.random() < self.guess_rate:
                 guessed, turn = True, f"<answer>{rng.choice(left)}</answer>"
+            elif self.strategy == "random":
+                turn = f"<search>{rng.choice(unasked)}</search>"
             else:
-                unasked = [a for a in env.attributes if f"ask:{a}" not in state.asked]
                 balance = {a: abs(2 * sum(env.items[n][a] for n in left) - len(left)) for a in unasked}
                 best = min(balance.values())
                 turn = f"<search>{rng.choice([a for a in unasked if balance[a] == best])}</search>"
