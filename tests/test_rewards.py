@@ -1,12 +1,13 @@
-"""Reward functions: LARFT's length reward and its word count (the format reward is tested with GRPO)."""
+"""Reward functions: LARFT's length reward and its word count, and the word-count task (the format reward is tested with GRPO)."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_llm.datamodules.tasks import Example, get_task
+from lightning_llm.datamodules.tasks.length import COUNT_PROMPT, count_answer, parse_word_count
 from lightning_llm.rewards import get_reward, length_reward, length_score, word_count
 
 
@@ -67,3 +68,26 @@ def test_length_task_and_registered_reward_agree():
     assert task.generate(5, seed=1) == task.generate(5, seed=1)
     with pytest.raises(ValueError, match="min_words"):
         get_task("length", min_words=5, max_words=2)
+
+
+def test_word_count_task_labels_and_verifier():
+    task = get_task("word_count", min_words=0, max_words=6)
+    examples = task.generate(50, seed=3)
+    assert examples == task.generate(50, seed=3)
+    assert {int(e.answer) for e in examples} == set(range(7))  # 0 words included
+    for example in examples:
+        text = example.metadata["text"]
+        assert example.prompt == COUNT_PROMPT.replace("{response}", text)
+        assert example.completion == count_answer(word_count(text))
+        assert task.score(example.completion, example) == 1.0
+        assert task.score(count_answer(word_count(text) + 1), example) == 0.0
+    assert task.score("no answer <word_count>x</word_count>", examples[0]) == 0.0
+    with pytest.raises(ValueError, match="min_words"):
+        get_task("word_count", min_words=3, max_words=2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_parse_word_count_never_raises(text):
+    value = parse_word_count(text)
+    assert value is None or value >= 0

@@ -21,7 +21,6 @@ updates, then decaying to 0 on a cosine (:func:`hindsight_lambda`). The first th
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from typing_extensions import override
 
 from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.datamodules.sources import render_prompt
+from lightning_llm.datamodules.tasks.length import COUNT_PROMPT, count_answer, parse_word_count
 from lightning_llm.modules._lm import global_mean, target_logprobs
 from lightning_llm.rewards import word_count
 from lightning_llm.rollout import HFEngine, Sampling, left_pad
@@ -57,11 +57,8 @@ __all__ = [
     "self_count_ranked_accuracy",
 ]
 
-#: User message of the hindsight task; ``{response}`` is replaced by the sampled response. The paper's exact
-#: wording is not given (unverified): this is the simplest instruction naming the expected format.
-DEFAULT_COUNT_PROMPT = "Count the words of this text. Answer as <word_count>N</word_count>.\n\n{response}"
-
-_COUNT = re.compile(r"<word_count>\s*(\d+)\s*</word_count>")
+#: User message of the hindsight task (the ``word_count`` task's); ``{response}`` is replaced by the response.
+DEFAULT_COUNT_PROMPT = COUNT_PROMPT
 _METADATA_KEY = "larft_hindsight"
 
 
@@ -93,13 +90,7 @@ def hindsight_lambda(step: int, total: int, lambda_max: float = 0.01, warmup: fl
 
 def count_label(text: str) -> str:
     """The hindsight label of a response: ``<word_count>N</word_count>`` with ``N = word_count(text)``."""
-    return f"<word_count>{word_count(text)}</word_count>"
-
-
-def parse_word_count(text: str) -> int | None:
-    """The ``N`` of the first ``<word_count>N</word_count>`` in ``text``, or ``None`` (never raises)."""
-    match = _COUNT.search(text)
-    return int(match.group(1)) if match else None
+    return count_answer(word_count(text))
 
 
 @dataclass(frozen=True)
@@ -152,7 +143,7 @@ def build_hindsight_batch(
         counts = [word_count(r) for r in responses]
     elif len(counts) != len(responses):
         raise ValueError(f"{len(counts)} counts for {len(responses)} responses")
-    texts = [f"<word_count>{n}</word_count>" for n in counts]
+    texts = [count_answer(n) for n in counts]
     labels = tokenizer(texts, add_special_tokens=False)["input_ids"]
     ids, attention = left_pad(prompt_ids, tokenizer.pad_token_id, device)
     width = max(len(label) for label in labels) + 1

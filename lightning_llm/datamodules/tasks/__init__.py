@@ -153,7 +153,7 @@ from lightning_llm.datamodules.tasks.arithmetic import ArithmeticTask  # noqa: E
 from lightning_llm.datamodules.tasks.copy import CopyTask  # noqa: E402
 from lightning_llm.datamodules.tasks.forecasting import ForecastingTask  # noqa: E402
 from lightning_llm.datamodules.tasks.gameable import GameableTask  # noqa: E402
-from lightning_llm.datamodules.tasks.length import LengthTask  # noqa: E402
+from lightning_llm.datamodules.tasks.length import LengthTask, WordCountTask  # noqa: E402
 from lightning_llm.datamodules.tasks.multihop_qa import MultiHopQATask  # noqa: E402
 from lightning_llm.datamodules.tasks.twenty_questions import TwentyQuestionsTask  # noqa: E402
 
@@ -165,4 +165,5 @@ __all__ += [
     "LengthTask",
     "MultiHopQATask",
     "TwentyQuestionsTask",
+    "WordCountTask",
 ]
