@@ -34,20 +34,6 @@ def _mean(values):
     return sum(values) / len(values)
 
 
-def _trainer(tmp_path, max_steps, callbacks):
-    return L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-    )
-
-
 class _CorrectLikelihood(Callback):
     """Mean per-token log π_θ of the reference completions of the training prompts, after each rollout batch."""
 
@@ -69,7 +55,7 @@ class _CorrectLikelihood(Callback):
         self.rewards.append(float(trainer.callback_metrics["train/reward"]))
 
 
-def _grpo_arm(tmp_path, warm_state, coef):
+def _grpo_arm(quiet_trainer, warm_state, coef):
     L.seed_everything(RL_SEED)  # same seed in both arms: the first rollout batch is identical
     module = GRPOModule(
         group_size=8, max_new_tokens=6, lr=LR, ppo_epochs=PPO_EPOCHS, mini_batches=MINI_BATCHES
@@ -83,26 +69,24 @@ def _grpo_arm(tmp_path, warm_state, coef):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             fire.append(float(trainer.callback_metrics["train/LLDS/fire_rate"]))
 
-    trainer = _trainer(
-        tmp_path / f"coef{coef}", ROLLOUT_BATCHES * PPO_EPOCHS * MINI_BATCHES, [llds, probe, _Fire()]
-    )
+    trainer = quiet_trainer(ROLLOUT_BATCHES * PPO_EPOCHS * MINI_BATCHES, [llds, probe, _Fire()])
     trainer.fit(module, PromptDataModule(**TASK, batch_size=8))
     return probe, fire
 
 
 @pytest.mark.slow
-def test_llds_keeps_likelihood_of_correct_responses(tmp_path, tiny_backbone):
+def test_llds_keeps_likelihood_of_correct_responses(quiet_trainer, tiny_backbone):
     # SFT warm-up once (a fit with no RL step), shared by both arms.
     L.seed_everything(SFT_SEED)
     warm = GRPOModule(group_size=8, max_new_tokens=6)
-    _trainer(tmp_path / "sft", 0, [SFTWarmup(steps=150, lr=3e-3, batch_size=32)]).fit(
+    quiet_trainer(0, [SFTWarmup(steps=150, lr=3e-3, batch_size=32)]).fit(
         warm, PromptDataModule(**TASK, batch_size=8)
     )
     warm_state = copy.deepcopy(warm.model.state_dict())
     start = _CorrectLikelihood().measure(warm.model)
 
-    vanilla, _ = _grpo_arm(tmp_path, warm_state, coef=0.0)
-    llds, fire = _grpo_arm(tmp_path, warm_state, coef=0.2)
+    vanilla, _ = _grpo_arm(quiet_trainer, warm_state, coef=0.0)
+    llds, fire = _grpo_arm(quiet_trainer, warm_state, coef=0.2)
     report = (
         f"start {start:.2f}; vanilla {[round(v, 2) for v in vanilla.values]}; "
         f"LLDS {[round(v, 2) for v in llds.values]}; rewards vanilla {vanilla.rewards}, LLDS {llds.rewards}"
