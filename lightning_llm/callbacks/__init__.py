@@ -9,10 +9,12 @@ from lightning_llm.callbacks.recontext import Recontextualization
 from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.callbacks.scalora import ScaLoRA
 from lightning_llm.callbacks.sft_warmup import SFTWarmup
+from lightning_llm.callbacks.steering import ActivationSteering, train_steering_vector
 from lightning_llm.callbacks.task_accuracy import TaskAccuracy
 from lightning_llm.callbacks.update_rank import UpdateRankMonitor
 
 __all__ = [
+    "ActivationSteering",
     "DeltaBeliefReward",
     "EntropyDiscriminatorClipping",
     "EntropyDynamicsMonitor",
@@ -26,4 +28,5 @@ __all__ = [
     "ScaLoRA",
     "TaskAccuracy",
     "UpdateRankMonitor",
+    "train_steering_vector",
 ]
