@@ -1,4 +1,5 @@
-"""The reward- and prompt-shaping RL configs (issue 4) run under Trainer(strategy="ddp", devices=2) on CPU.
+"""Configs whose callbacks do more than log (the RL shaping configs of issue 4, the PCFG probes) run under
+Trainer(strategy="ddp", devices=2) on CPU.
 
 Each config goes through the real CLI in a fresh process (2 gloo ranks, ``fast_dev_run``): callbacks that
 compute auxiliary losses, probe beliefs or re-prompt rollouts must not deadlock or diverge across ranks.
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-CONFIGS = ["larft.yaml", "delta_belief.yaml", "recontext.yaml", "forecasting.yaml"]
+CONFIGS = ["larft.yaml", "delta_belief.yaml", "recontext.yaml", "forecasting.yaml", "pcfg.yaml"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -5,6 +5,7 @@ from lightning_llm.callbacks.entropy import EntropyDiscriminatorClipping, Entrop
 from lightning_llm.callbacks.larft import HindsightLengthAwareness
 from lightning_llm.callbacks.llds import LLDSRegularizer
 from lightning_llm.callbacks.lora_restart import LoRARestart
+from lightning_llm.callbacks.pcfg import GrammarKLMonitor, LayerwiseProbe
 from lightning_llm.callbacks.recontext import Recontextualization
 from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.callbacks.scalora import ScaLoRA
@@ -18,8 +19,10 @@ __all__ = [
     "DeltaBeliefReward",
     "EntropyDiscriminatorClipping",
     "EntropyDynamicsMonitor",
+    "GrammarKLMonitor",
     "HindsightLengthAwareness",
     "LLDSRegularizer",
+    "LayerwiseProbe",
     "LoRARestart",
     "PolicyLossStep",
     "RLCallback",

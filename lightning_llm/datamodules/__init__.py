@@ -2,6 +2,7 @@
 
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
 from lightning_llm.datamodules.forecasting import ForecastingDataModule
+from lightning_llm.datamodules.pcfg import PCFG, Constituent, PCFGDataModule
 from lightning_llm.datamodules.prompt import PromptDataModule
 from lightning_llm.datamodules.sources import DataSourceError, ExampleDataModule, load_records
 from lightning_llm.datamodules.tasks import (
@@ -18,14 +19,17 @@ from lightning_llm.datamodules.tasks import (
 )
 
 __all__ = [
+    "PCFG",
     "ArithmeticTask",
     "ChatSFTDataModule",
+    "Constituent",
     "CopyTask",
     "DataSourceError",
     "Example",
     "ExampleDataModule",
     "ForecastingDataModule",
     "MultiHopQATask",
+    "PCFGDataModule",
     "PromptDataModule",
     "Task",
     "available_tasks",
