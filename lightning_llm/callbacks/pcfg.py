@@ -245,9 +245,10 @@ def probe_accuracy(
 class LayerwiseProbe(Callback):
     """Linear probes of the Viterbi span labels on every layer, after each validation (module docstring).
 
-    Logs ``probe/layer{l}`` (accuracy over all probed spans of layer l, lengths weighted equally) and keeps the
-    latest ``[layers+1, max_span+1]`` accuracy table in :attr:`accuracy` (in checkpoints too); ``history`` holds
-    ``(global_step, table)``. :meth:`probe` runs the same measurement on any model.
+    Logs ``probe/layer{l}`` (accuracy over all probed spans of layer l, lengths weighted equally) and
+    ``probe/layer{l}_span{k}`` (spans of k words), and keeps the latest ``[layers+1, max_span+1]`` accuracy
+    table in :attr:`accuracy` (in checkpoints too); ``history`` holds ``(global_step, table)``. :meth:`probe`
+    runs the same measurement on any model.
 
     Args:
         num_sentences: Validation sentences used (70 % train the probes, 30 % score them).
@@ -307,6 +308,9 @@ class LayerwiseProbe(Callback):
         self.history.append((trainer.global_step, self.accuracy.clone()))
         for layer, row in enumerate(self.accuracy):
             pl_module.log(f"probe/layer{layer}", float(row.nanmean()), rank_zero_only=False, sync_dist=False)
+            for span in range(self.min_span, self.max_span + 1):
+                if not torch.isnan(row[span]):
+                    pl_module.log(f"probe/layer{layer}_span{span}", float(row[span]), sync_dist=False)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -74,9 +74,13 @@ def test_callbacks_run_in_a_trainer_and_resume(quiet_trainer, tiny_backbone):
     )
     trainer.fit(CausalLMModule(lr=1e-3), dm)
     logged = trainer.callback_metrics
-    assert {"val/grammar_kl", "val/grammar_kl_bigram", "val/grammar_kl_trigram", "probe/layer0"} <= set(
-        logged
-    )
+    assert {
+        "val/grammar_kl",
+        "val/grammar_kl_bigram",
+        "val/grammar_kl_trigram",
+        "probe/layer0",
+        "probe/layer4_span3",
+    } <= set(logged)
     assert [step for step, _ in monitor.history] == [2, 4]
     assert logged["val/grammar_kl"] > 0
     assert probe.accuracy.shape == (5, 4)
