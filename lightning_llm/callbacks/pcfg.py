@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.datamodules.pcfg import PCFG, PCFGDataModule
+from lightning_llm.datamodules.pcfg import PCFG, PCFGDataModule, prefix_batches
 from lightning_llm.metrics.grammar import GrammarKL, NGramModel, grammar_kl, model_next_token_logprobs
 
 __all__ = ["GrammarKLMonitor", "LayerwiseProbe", "hidden_states", "probe_accuracy", "span_targets"]
@@ -149,14 +149,10 @@ def hidden_states(
     device = next(model.parameters()).device
     out: list[Tensor] = []
     try:
-        for first in range(0, len(sentences), batch_size):
-            chunk = sentences[first : first + batch_size]
-            length = max(len(s) for s in chunk) + 1
-            ids = torch.full((len(chunk), length), pad_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, sentence in enumerate(chunk):
-                ids[row, : len(sentence) + 1] = torch.tensor([bos_id, *(token_ids[w] for w in sentence)])
-                mask[row, : len(sentence) + 1] = 1
+        batches = prefix_batches(
+            sentences, token_ids=token_ids, bos_id=bos_id, pad_id=pad_id, batch_size=batch_size
+        )
+        for chunk, ids, mask in batches:
             result = model(
                 input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True
             )

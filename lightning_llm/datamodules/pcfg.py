@@ -27,7 +27,7 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_llm.datamodules.chat_sft import IGNORE_INDEX
 from lightning_llm.datamodules.sources import _pad
 
-__all__ = ["PCFG", "Constituent", "PCFGDataModule"]
+__all__ = ["PCFG", "Constituent", "PCFGDataModule", "prefix_batches"]
 
 _NEG_INF = float("-inf")
 
@@ -567,6 +567,26 @@ class PCFG:
                     todo += [(i, k, left), (i + k, span - k, right)]
             out.append((logp, nodes))
         return out
+
+
+def prefix_batches(
+    sentences: Sequence[Sequence[int]], *, token_ids: Sequence[int], bos_id: int, pad_id: int, batch_size: int
+) -> Iterator[tuple[Sequence[Sequence[int]], Tensor, Tensor]]:
+    """``(chunk, input_ids, attention_mask)`` of right-padded ``bos w_1 … w_T`` batches (no eos), in order.
+
+    Position ``t`` of a row is the model's state after ``t`` words: what the grammar-KL metric and the probes
+    read. ``token_ids[w]`` is the vocabulary id of terminal ``w``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for first in range(0, len(sentences), batch_size):
+        chunk = sentences[first : first + batch_size]
+        ids = torch.full((len(chunk), max(len(s) for s in chunk) + 1), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, sentence in enumerate(chunk):
+            ids[row, : len(sentence) + 1] = torch.tensor([bos_id, *(token_ids[w] for w in sentence)])
+            mask[row, : len(sentence) + 1] = 1
+        yield chunk, ids, mask
 
 
 def _by_length_chunks(

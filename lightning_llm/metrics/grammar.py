@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from lightning_llm.datamodules.pcfg import PCFG
+from lightning_llm.datamodules.pcfg import PCFG, prefix_batches
 
 __all__ = ["GrammarKL", "NGramModel", "grammar_kl", "model_next_token_logprobs"]
 
@@ -57,14 +57,10 @@ def model_next_token_logprobs(
     device = next(model.parameters()).device
     out: list[Tensor] = []
     try:
-        for first in range(0, len(sentences), batch_size):
-            chunk = sentences[first : first + batch_size]
-            length = max(len(s) for s in chunk) + 1
-            ids = torch.full((len(chunk), length), eos_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, sentence in enumerate(chunk):
-                ids[row, : len(sentence) + 1] = torch.tensor([bos_id, *(token_ids[w] for w in sentence)])
-                mask[row, : len(sentence) + 1] = 1
+        batches = prefix_batches(
+            sentences, token_ids=token_ids, bos_id=bos_id, pad_id=eos_id, batch_size=batch_size
+        )
+        for chunk, ids, mask in batches:
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
             logprobs = logits.log_softmax(-1)[..., columns.to(device)].double().cpu()
             out += [logprobs[row, : len(s) + 1] for row, s in enumerate(chunk)]

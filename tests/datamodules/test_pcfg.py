@@ -217,14 +217,18 @@ def test_json_round_trip_and_errors(tmp_path):
         PCFG.from_json(bad)
 
 
-def test_datamodule_batches(tiny_tokenizer):
-    dm = PCFGDataModule(
+def _small_datamodule() -> PCFGDataModule:
+    return PCFGDataModule(
         random_grammar={"num_nonterminals": 5, "num_terminals": 6, "seed": 1},
         num_train=50,
         num_val=10,
         max_length=12,
         batch_size=4,
     )
+
+
+def test_datamodule_batches(tiny_tokenizer):
+    dm = _small_datamodule()
     dm.setup()
     assert len(dm.train_sentences) == 50 and len(dm.val_sentences) == 10
     batch = next(iter(dm.train_dataloader()))
@@ -239,13 +243,7 @@ def test_datamodule_batches(tiny_tokenizer):
         assert labels[row, 0] == -100 and (labels[row, 1:n] == ids[row, 1:n]).all()
         assert (labels[row, n:] == -100).all()
     # The same sentences every time (seeded), and a distinct validation stream.
-    again = PCFGDataModule(
-        random_grammar={"num_nonterminals": 5, "num_terminals": 6, "seed": 1},
-        num_train=50,
-        num_val=10,
-        max_length=12,
-        batch_size=4,
-    )
+    again = _small_datamodule()
     again.setup()
     assert again.train_sentences == dm.train_sentences and again.val_sentences == dm.val_sentences
 
