@@ -6,7 +6,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_llm.backbone import load_backbone
-from lightning_llm.datamodules import ChatSFTDataModule
+from lightning_llm.datamodules import ChatSFTDataModule, PCFGDataModule
 from lightning_llm.modules import CausalLMModule
 from lightning_llm.modules.causal_lm import warmup_cosine
 
@@ -100,13 +100,18 @@ def test_fit_saves_reloadable_model(tiny_backbone, tmp_path, quiet_trainer):
     assert isinstance(out, list) and isinstance(out[0], str)
 
 
-def test_resume_from_mid_run_checkpoint_is_exact(tiny_backbone, tmp_path, quiet_trainer):
+def _pcfg_datamodule() -> PCFGDataModule:
+    return PCFGDataModule(random_grammar={"levels": 3, "seed": 1}, num_train=96, num_val=16, batch_size=8)
+
+
+@pytest.mark.parametrize("make_datamodule", [_datamodule, _pcfg_datamodule], ids=["chat_sft", "pcfg"])
+def test_resume_from_mid_run_checkpoint_is_exact(tiny_backbone, tmp_path, quiet_trainer, make_datamodule):
     """Stop at step 3 of 7 (mid-epoch), resume from the checkpoint: steps 4-7 give identical losses."""
     L.seed_everything(0)
     full = LossRecorder()
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1, save_last=False)
     quiet_trainer(max_steps=7, callbacks=[full, ckpt], enable_checkpointing=True).fit(
-        CausalLMModule(), _datamodule()
+        CausalLMModule(), make_datamodule()
     )
     path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
     assert path.is_file(), sorted(p.name for p in (tmp_path / "ckpt").iterdir())
@@ -115,7 +120,9 @@ def test_resume_from_mid_run_checkpoint_is_exact(tiny_backbone, tmp_path, quiet_
 
     L.seed_everything(123)  # a different global seed must not matter: all randomness is restored
     resumed = LossRecorder()
-    quiet_trainer(max_steps=7, callbacks=[resumed]).fit(CausalLMModule(), _datamodule(), ckpt_path=str(path))
+    quiet_trainer(max_steps=7, callbacks=[resumed]).fit(
+        CausalLMModule(), make_datamodule(), ckpt_path=str(path)
+    )
     assert sorted(resumed.losses) == [4, 5, 6, 7]
     for step, loss in resumed.losses.items():
         assert loss == full.losses[step], (step, loss, full.losses[step])
