@@ -28,7 +28,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["TINY", "TinyRecipe", "lightning_llm_home", "load_backbone", "load_tokenizer"]
+__all__ = ["TINY", "TinyRecipe", "eval_mode", "lightning_llm_home", "load_backbone", "load_tokenizer"]
 
 TINY = "tiny"
 
@@ -171,6 +171,20 @@ def _tiny_dir(recipe: TinyRecipe | None = None) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Run a block with ``model`` in eval mode (no dropout), restoring its train/eval mode afterwards, also on errors.
+
+    Generation and measurements (probes, metrics) call this so that they can run in the middle of training.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
+from lightning_llm.backbone import eval_mode
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -160,9 +162,7 @@ class HFEngine:
         stop_token_ids: list[int],
         pad_id: int,
     ) -> Tensor:
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with eval_mode(self.model):
             greedy = sampling.temperature <= 0
             out = self.model.generate(
                 input_ids=input_ids,
@@ -175,8 +175,6 @@ class HFEngine:
                 eos_token_id=stop_token_ids,
                 pad_token_id=pad_id,
             )
-        finally:
-            self.model.train(was_training)
         new = out[:, input_ids.shape[1] :]
         # HF pads finished rows with pad_id already; make sure nothing follows a stop token.
         return _pad_after_stop(new, stop_token_ids, pad_id)

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from lightning_llm.backbone import TAG_TOKENS, TinyRecipe, _tiny_dir, load_backbone, load_tokenizer
+from lightning_llm.backbone import TAG_TOKENS, TinyRecipe, _tiny_dir, eval_mode, load_backbone, load_tokenizer
 
 
 def test_tiny_is_small_llama_style(tiny_backbone):
@@ -82,3 +82,18 @@ def test_dtype_argument(tiny_backbone):
 def test_missing_local_path_fails_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_backbone(str(tmp_path / "does-not-exist"))
+
+
+def test_eval_mode_restores_the_mode_also_on_errors():
+    layer = torch.nn.Dropout(0.5)
+    with eval_mode(layer):
+        assert not layer.training
+    assert layer.training
+    layer.eval()
+    with eval_mode(layer):
+        pass
+    assert not layer.training
+    layer.train()
+    with pytest.raises(RuntimeError, match="boom"), eval_mode(layer):
+        raise RuntimeError("boom")
+    assert layer.training

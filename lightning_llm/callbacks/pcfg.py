@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_llm.backbone import eval_mode
 from lightning_llm.datamodules.pcfg import PCFG, PCFGDataModule, prefix_batches
 from lightning_llm.metrics.grammar import GrammarKL, NGramModel, grammar_kl, model_next_token_logprobs
 
@@ -144,11 +145,9 @@ def hidden_states(
     batch_size: int = 64,
 ) -> list[Tensor]:
     """Hidden states of ``bos w_1 … w_T``: one ``[layers+1, T+1, D]`` fp32 tensor per sentence (embeddings first)."""
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     out: list[Tensor] = []
-    try:
+    with eval_mode(model):
         batches = prefix_batches(
             sentences, token_ids=token_ids, bos_id=bos_id, pad_id=pad_id, batch_size=batch_size
         )
@@ -158,8 +157,6 @@ def hidden_states(
             )
             stacked = torch.stack(result.hidden_states, 1).float().cpu()  # [B, layers+1, T+1, D]
             out += [stacked[row, :, : len(s) + 1] for row, s in enumerate(chunk)]
-    finally:
-        model.train(was_training)
     return out
 
 

@@ -24,8 +24,7 @@ at layer :math:`\ell` by :func:`train_steering_vector` is added at exactly the p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -33,6 +32,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 from typing_extensions import override
+
+from lightning_llm.backbone import eval_mode
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -321,16 +322,6 @@ class _StopForward(Exception):
     """Raised by the capture hook once the wanted layer has run: the rest of the forward is not needed."""
 
 
-@contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 @torch.no_grad()
 def last_token_hidden(
     model: nn.Module,
@@ -363,7 +354,7 @@ def last_token_hidden(
     rows = []
     handle = layers[index].register_forward_hook(capture)
     try:
-        with _eval_mode(model):
+        with eval_mode(model):
             for start in range(0, len(texts), batch_size):
                 enc = tokenizer(list(texts[start : start + batch_size]), return_tensors="pt", padding=True)
                 mask = enc["attention_mask"].to(device)

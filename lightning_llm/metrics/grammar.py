@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from lightning_llm.backbone import eval_mode
 from lightning_llm.datamodules.pcfg import PCFG, prefix_batches
 
 __all__ = ["GrammarKL", "NGramModel", "grammar_kl", "model_next_token_logprobs"]
@@ -51,12 +52,10 @@ def model_next_token_logprobs(
 
     Sentences are fed as ``bos w_1 … w_T`` (right-padded, masked); row t is the softmax after ``t`` words.
     """
-    was_training = model.training
-    model.eval()
     columns = torch.tensor([*token_ids, eos_id])
     device = next(model.parameters()).device
     out: list[Tensor] = []
-    try:
+    with eval_mode(model):
         batches = prefix_batches(
             sentences, token_ids=token_ids, bos_id=bos_id, pad_id=eos_id, batch_size=batch_size
         )
@@ -64,8 +63,6 @@ def model_next_token_logprobs(
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
             logprobs = logits.log_softmax(-1)[..., columns.to(device)].double().cpu()
             out += [logprobs[row, : len(s) + 1] for row, s in enumerate(chunk)]
-    finally:
-        model.train(was_training)
     return out
 
 

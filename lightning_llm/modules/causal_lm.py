@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbone import load_backbone
+from lightning_llm.backbone import eval_mode, load_backbone
 from lightning_llm.modules._lm import (
     adamw,
     apply_lora_config,
@@ -191,9 +191,7 @@ class CausalLMModule(L.LightningModule):
         top_p: float = 1.0,
     ) -> list[str]:
         """Complete left-padded token ids; returns the decoded new text (control tokens dropped)."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with eval_mode(self.model):
             sampling = temperature > 0
             out = self.model.generate(
                 input_ids=input_ids,
@@ -206,8 +204,6 @@ class CausalLMModule(L.LightningModule):
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=self.tokenizer.eos_token_id,
             )
-        finally:
-            self.model.train(was_training)
         return self.tokenizer.batch_decode(out[:, input_ids.shape[1] :], skip_special_tokens=True)
 
     # ------------------------------------------------------------------------------------ optimisation
