@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-CONFIGS = ["larft.yaml", "delta_belief.yaml", "recontext.yaml", "forecasting.yaml", "pcfg.yaml"]
+CONFIGS = [
+    "larft.yaml",
+    "delta_belief.yaml",
+    "recontext.yaml",
+    "forecasting.yaml",
+    "pcfg.yaml",
+    "dpo_honeypot.yaml",
+]
 
 
 @pytest.mark.parametrize("name", CONFIGS)

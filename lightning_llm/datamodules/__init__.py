@@ -3,12 +3,19 @@
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
 from lightning_llm.datamodules.forecasting import ForecastingDataModule
 from lightning_llm.datamodules.pcfg import PCFG, Constituent, PCFGDataModule
+from lightning_llm.datamodules.preference import (
+    HoneypotPreferenceDataModule,
+    PreferenceDataModule,
+    PreferencePair,
+    honeypot_pairs,
+)
 from lightning_llm.datamodules.prompt import PromptDataModule
 from lightning_llm.datamodules.sources import DataSourceError, ExampleDataModule, load_records
 from lightning_llm.datamodules.tasks import (
     ArithmeticTask,
     CopyTask,
     Example,
+    HoneypotTask,
     MultiHopQATask,
     Task,
     available_tasks,
@@ -28,13 +35,18 @@ __all__ = [
     "Example",
     "ExampleDataModule",
     "ForecastingDataModule",
+    "HoneypotPreferenceDataModule",
+    "HoneypotTask",
     "MultiHopQATask",
     "PCFGDataModule",
+    "PreferenceDataModule",
+    "PreferencePair",
     "PromptDataModule",
     "Task",
     "available_tasks",
     "extract_answer",
     "get_task",
+    "honeypot_pairs",
     "load_records",
     "register_task",
     "split_train_val",

@@ -8,13 +8,10 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_llm.datamodules.sources import ExampleDataModule, _pad
+from lightning_llm.datamodules.sources import IGNORE_INDEX, ExampleDataModule, _pad
 from lightning_llm.datamodules.tasks import Example
 
 __all__ = ["IGNORE_INDEX", "ChatSFTDataModule"]
-
-#: Label of positions that are not trained on (PyTorch's and Hugging Face's cross-entropy default).
-IGNORE_INDEX = -100
 
 _PACKINGS = ("none", "block")
 
@@ -86,40 +83,6 @@ class ChatSFTDataModule(ExampleDataModule):
 
     def _collator(self) -> _SFTCollator:
         return _SFTCollator(pad_id=self.tokenizer.pad_token_id)
-
-    def _encode(self, examples: list[Example]) -> list[tuple[list[int], list[int]]]:
-        """``(input_ids, labels)`` of each full conversation, untruncated."""
-        tokenizer = self.tokenizer
-        prompts = [self._render_prompt(example.prompt) for example in examples]
-        responses = []
-        for example, prompt in zip(examples, prompts, strict=True):
-            full = tokenizer.apply_chat_template(
-                self._messages(example.prompt, example.completion), tokenize=False
-            )
-            if not full.startswith(prompt):
-                raise ValueError(
-                    f"the chat template of {self.hparams.tokenizer!r} renders a conversation that does not "
-                    "start with its own generation prompt, so the response cannot be located: "
-                    f"{prompt!r} vs {full[: len(prompt) + 20]!r}"
-                )
-            responses.append(full[len(prompt) :])
-        end_id = tokenizer.eos_token_id
-        docs = []
-        for prompt_ids, response_ids in zip(self._tokenize(prompts), self._tokenize(responses), strict=True):
-            if end_id is not None and end_id not in response_ids:
-                response_ids = [*response_ids, end_id]
-            trained = response_ids.index(end_id) + 1 if end_id is not None else len(response_ids)
-            labels = [IGNORE_INDEX] * len(prompt_ids) + response_ids[:trained]
-            labels += [IGNORE_INDEX] * (len(response_ids) - trained)
-            docs.append((prompt_ids + response_ids, labels))
-        return docs
-
-    def _truncate(self, ids: list[int], labels: list[int]) -> dict[str, torch.Tensor] | None:
-        """The item cut to ``max_length``, or None when not one response token survives the cut."""
-        max_length = self.hparams.max_length
-        if all(label == IGNORE_INDEX for label in labels[:max_length]):
-            return None
-        return {"input_ids": torch.tensor(ids[:max_length]), "labels": torch.tensor(labels[:max_length])}
 
     def _pack(self, docs: list[tuple[list[int], list[int]]], split: str) -> list[dict[str, torch.Tensor]]:
         if not docs:

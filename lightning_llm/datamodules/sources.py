@@ -29,6 +29,8 @@ __all__ = ["DataSourceError", "ExampleDataModule", "load_records", "read_text_re
 
 FIELDS = ("prompt", "completion", "answer")
 _MESSAGES = "messages"
+#: Label of positions that are not trained on (PyTorch's and Hugging Face's cross-entropy default).
+IGNORE_INDEX = -100
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
 
 
@@ -445,3 +447,37 @@ class ExampleDataModule(L.LightningDataModule, ABC):
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids without extra special tokens: the chat template already wrote the ones it wants."""
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+    def _encode(self, examples: list[Example]) -> list[tuple[list[int], list[int]]]:
+        """``(input_ids, labels)`` of each full conversation, untruncated."""
+        tokenizer = self.tokenizer
+        prompts = [self._render_prompt(example.prompt) for example in examples]
+        responses = []
+        for example, prompt in zip(examples, prompts, strict=True):
+            full = tokenizer.apply_chat_template(
+                self._messages(example.prompt, example.completion), tokenize=False
+            )
+            if not full.startswith(prompt):
+                raise ValueError(
+                    f"the chat template of {self.hparams.tokenizer!r} renders a conversation that does not "
+                    "start with its own generation prompt, so the response cannot be located: "
+                    f"{prompt!r} vs {full[: len(prompt) + 20]!r}"
+                )
+            responses.append(full[len(prompt) :])
+        end_id = tokenizer.eos_token_id
+        docs = []
+        for prompt_ids, response_ids in zip(self._tokenize(prompts), self._tokenize(responses), strict=True):
+            if end_id is not None and end_id not in response_ids:
+                response_ids = [*response_ids, end_id]
+            trained = response_ids.index(end_id) + 1 if end_id is not None else len(response_ids)
+            labels = [IGNORE_INDEX] * len(prompt_ids) + response_ids[:trained]
+            labels += [IGNORE_INDEX] * (len(response_ids) - trained)
+            docs.append((prompt_ids + response_ids, labels))
+        return docs
+
+    def _truncate(self, ids: list[int], labels: list[int]) -> dict[str, torch.Tensor] | None:
+        """The item cut to ``max_length``, or None when not one response token survives the cut."""
+        max_length = self.hparams.max_length
+        if all(label == IGNORE_INDEX for label in labels[:max_length]):
+            return None
+        return {"input_ids": torch.tensor(ids[:max_length]), "labels": torch.tensor(labels[:max_length])}

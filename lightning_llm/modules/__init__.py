@@ -1,6 +1,7 @@
 """LightningModules, one file per method family."""
 
 from lightning_llm.modules.causal_lm import CausalLMModule
+from lightning_llm.modules.dpo import DPOModule, dpo_loss, sequence_logprobs
 from lightning_llm.modules.grpo import GRPOModule
 from lightning_llm.modules.lora import (
     LoRAConfig,
@@ -13,11 +14,14 @@ from lightning_llm.modules.lora import (
 
 __all__ = [
     "CausalLMModule",
+    "DPOModule",
     "GRPOModule",
     "LoRAConfig",
     "LoRALinear",
     "apply_lora",
+    "dpo_loss",
     "load_adapter",
     "merge_lora",
     "save_adapter",
+    "sequence_logprobs",
 ]

@@ -153,6 +153,7 @@ from lightning_llm.datamodules.tasks.arithmetic import ArithmeticTask  # noqa: E
 from lightning_llm.datamodules.tasks.copy import CopyTask  # noqa: E402
 from lightning_llm.datamodules.tasks.forecasting import ForecastingTask  # noqa: E402
 from lightning_llm.datamodules.tasks.gameable import GameableTask  # noqa: E402
+from lightning_llm.datamodules.tasks.honeypot import HoneypotTask  # noqa: E402
 from lightning_llm.datamodules.tasks.length import LengthTask, WordCountTask  # noqa: E402
 from lightning_llm.datamodules.tasks.multihop_qa import MultiHopQATask  # noqa: E402
 from lightning_llm.datamodules.tasks.twenty_questions import TwentyQuestionsTask  # noqa: E402
@@ -162,6 +163,7 @@ __all__ += [
     "CopyTask",
     "ForecastingTask",
     "GameableTask",
+    "HoneypotTask",
     "LengthTask",
     "MultiHopQATask",
     "TwentyQuestionsTask",
