@@ -8,6 +8,7 @@ from lightning_llm.callbacks.lora_restart import LoRARestart
 from lightning_llm.callbacks.pcfg import GrammarKLMonitor, LayerwiseProbe
 from lightning_llm.callbacks.recontext import Recontextualization
 from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
+from lightning_llm.callbacks.safety import SafetyEvaluation
 from lightning_llm.callbacks.scalora import ScaLoRA
 from lightning_llm.callbacks.sft_warmup import SFTWarmup
 from lightning_llm.callbacks.steering import ActivationSteering, train_steering_vector
@@ -28,6 +29,7 @@ __all__ = [
     "RLCallback",
     "Recontextualization",
     "SFTWarmup",
+    "SafetyEvaluation",
     "ScaLoRA",
     "TaskAccuracy",
     "UpdateRankMonitor",

@@ -17,6 +17,10 @@ from lightning_llm.modules.lora import LoRAConfig
 
 __all__ = ["DPOModule", "dpo_loss", "sequence_logprobs"]
 
+_PAIR_KEYS = tuple(
+    f"{side}_{key}" for side in ("chosen", "rejected") for key in ("input_ids", "attention_mask", "labels")
+)
+
 
 def dpo_loss(
     policy_chosen: Tensor,
@@ -134,6 +138,12 @@ class DPOModule(CausalLMModule):
 
     def pair_logprobs(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """``(policy_chosen, policy_rejected, ref_chosen, ref_rejected, chosen_lengths)``, each ``[B]``."""
+        missing = [k for k in _PAIR_KEYS if k not in batch]
+        if missing:
+            raise ValueError(
+                f"DPOModule needs preference batches (a PreferenceDataModule); the batch lacks {missing} "
+                f"(its keys: {sorted(batch)})"
+            )
         ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])
         attention = torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
         labels = torch.cat([batch["chosen_labels"], batch["rejected_labels"]])

@@ -102,6 +102,11 @@ def test_bad_arguments_are_refused(kwargs):
         DPOModule(**kwargs)
 
 
+def test_sft_batches_are_refused_clearly(tiny_backbone):
+    with pytest.raises(ValueError, match="preference batches"):
+        DPOModule().pair_logprobs({"input_ids": torch.ones(1, 3, dtype=torch.long)})
+
+
 def test_resume_from_mid_run_checkpoint_is_exact(tiny_backbone, tmp_path, quiet_trainer):
     """Stop at step 3 of 6 (mid-epoch), resume: steps 4-6 give identical losses (reference restored too)."""
     L.seed_everything(0)
