@@ -186,6 +186,75 @@ def peak_rss_bytes() -> int:
     return max_rss if sys.platform == "darwin" else max_rss * 1024
 
 
+_MIB = 2**20
+
+
+class StepRecorder:
+    """Step-end timestamps and the memory baseline / high-water reset of one benchmark worker.
+
+    Call :meth:`before_fit` once everything but the steps exists (model, optimizer, data), :meth:`train_start`
+    right before the first step and :meth:`step_end` after each step. After ``warmup`` steps the kernel's RSS
+    high-water mark is reset, so :meth:`memory` reports the worst resident memory of steady-state steps over
+    the baseline. Subclasses record what else their steps produce (losses, completion lengths).
+    """
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.intervals: list[float] = []
+        self.threads: list[int] = []
+        self.last = 0.0
+        self.baseline = 0
+        self.rss_at_reset = 0
+        self.hwm_reset = False
+
+    def before_fit(self) -> None:
+        import gc
+
+        gc.collect()
+        self.baseline = rss_bytes()
+
+    def train_start(self) -> None:
+        self.last = time.perf_counter()
+
+    def step_end(self) -> None:
+        import torch
+
+        now = time.perf_counter()
+        self.intervals.append(now - self.last)
+        self.threads.append(torch.get_num_threads())
+        self._record()
+        if len(self.intervals) == self.warmup:
+            self.rss_at_reset = rss_bytes()
+            self.hwm_reset = reset_peak_rss()
+            self._warmup_end()
+        self.last = time.perf_counter()  # bookkeeping above is not charged to the next step
+
+    def _record(self) -> None:
+        """Per-step extras of a subclass (called inside :meth:`step_end`, not timed)."""
+
+    def _warmup_end(self) -> None:
+        """Called once, right after the high-water reset (e.g. to start a profiler)."""
+
+    @property
+    def timed(self) -> list[float]:
+        """The step intervals after the warm-up."""
+        return self.intervals[self.warmup :]
+
+    def memory(self) -> dict[str, Any]:
+        """Peak RSS increase over the baseline and the numbers it comes from, in MiB."""
+        peak = peak_rss_bytes()
+        return {
+            "peak_mib": (peak - self.baseline) / _MIB,
+            "baseline_rss_mib": self.baseline / _MIB,
+            "rss_after_warmup_mib": self.rss_at_reset / _MIB,
+            "step_mib": (peak - self.rss_at_reset) / _MIB,
+            "peak_rss_mib": peak / _MIB,
+            "peak_source": "VmHWM reset after warm-up"
+            if self.hwm_reset
+            else "ru_maxrss over the process lifetime",
+        }
+
+
 def spawn_worker(
     script: str, name: str, argv: list[str], env: dict[str, str] | None = None
 ) -> dict[str, Any]:

@@ -66,21 +66,17 @@ Writes ``benchmarks/results/dpo_vs_trl.json`` (``--no-write`` to skip). Exits 1 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import statistics
 import sys
 import tempfile
-import time
 from typing import Any
 
 from _common import (
+    StepRecorder,
     machine_info,
     package_versions,
-    peak_rss_bytes,
-    reset_peak_rss,
-    rss_bytes,
     spawn_worker,
     summary_row,
     utc_now,
@@ -96,7 +92,6 @@ LOSS0_TOLERANCE = (
 BETAS = (0.9, 0.999)
 EPS = 1e-8
 MAX_GRAD_NORM = 1.0
-_MIB = 2**20
 
 MEASUREMENT = {
     "throughput": "per repetition, a fresh process per framework trains warmup + steps DPO steps; a step's "
@@ -302,42 +297,24 @@ def _token_check(dm: Any, trl_dataset: Any, max_length: int, n: int) -> dict[str
 # ------------------------------------------------------------------------------------------- recording
 
 
-class _Recorder:
-    """Step-end timestamps, per-step losses, and the memory baseline / high-water reset."""
+class _Recorder(StepRecorder):
+    """Step timing and memory (:class:`StepRecorder`) plus the loss of each step."""
 
     def __init__(self, warmup: int) -> None:
-        self.warmup = warmup
-        self.intervals: list[float] = []
+        super().__init__(warmup)
         self.losses: list[float] = []
-        self.threads: list[int] = []
-        self.last = 0.0
-        self.baseline = 0
-        self.rss_at_reset = 0
-        self.hwm_reset = False
-
-    def before_fit(self) -> None:
-        gc.collect()
-        self.baseline = rss_bytes()
-
-    def train_start(self) -> None:
-        self.last = time.perf_counter()
+        self._loss: float | None = None
 
     def step_end(self, loss: float | None = None) -> None:
-        import torch
+        self._loss = loss
+        super().step_end()
 
-        now = time.perf_counter()
-        self.intervals.append(now - self.last)
-        if loss is not None:
-            self.losses.append(loss)
-        self.threads.append(torch.get_num_threads())
-        if len(self.intervals) == self.warmup:
-            self.rss_at_reset = rss_bytes()
-            self.hwm_reset = reset_peak_rss()
-        self.last = time.perf_counter()  # bookkeeping above is not charged to the next step
+    def _record(self) -> None:
+        if self._loss is not None:
+            self.losses.append(self._loss)
 
     def result(self, batch_size: int) -> dict[str, Any]:
-        peak = peak_rss_bytes()
-        timed = self.intervals[self.warmup :]
+        timed = self.timed
         return {
             "pairs_per_s": batch_size * len(timed) / sum(timed),
             "time_s": {
@@ -346,15 +323,7 @@ class _Recorder:
                 "steps": timed,
                 "warmup_steps": self.intervals[: self.warmup],
             },
-            "memory": {
-                "peak_mib": (peak - self.baseline) / _MIB,
-                "baseline_rss_mib": self.baseline / _MIB,
-                "rss_after_warmup_mib": self.rss_at_reset / _MIB,
-                "peak_rss_mib": peak / _MIB,
-                "peak_source": "VmHWM reset after warm-up"
-                if self.hwm_reset
-                else "ru_maxrss over the process lifetime",
-            },
+            "memory": self.memory(),
             "losses": self.losses,
             "torch_threads": sorted(set(self.threads)),
         }

@@ -69,20 +69,17 @@ above TRL's (the acceptance criterion: our step must not be slower than TRL's).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 from typing import Any
 
 from _common import (
+    StepRecorder,
     machine_info,
     package_versions,
-    peak_rss_bytes,
-    reset_peak_rss,
     rss_bytes,
     spawn_worker,
     summary_row,
@@ -186,48 +183,33 @@ def _train_examples(dm: Any) -> list[Any]:
     return [item["example"] for item in dm._train_data]
 
 
-class _Recorder:
-    """Step-end timestamps, the memory baseline / high-water reset, and per-step completion lengths."""
+class _Recorder(StepRecorder):
+    """Step timing and memory (:class:`StepRecorder`) plus per-step completion lengths and RSS; optionally
+    profiles the timed steps."""
 
     def __init__(self, warmup: int, profiler: Any = None) -> None:
-        self.warmup = warmup
+        super().__init__(warmup)
         self.profiler = profiler
-        self.intervals: list[float] = []
         self.lengths: list[float] = []
-        self.threads: list[int] = []
         self.rss_mib: list[float] = []
-        self.last = 0.0
-        self.baseline = 0
-        self.rss_at_reset = 0
-        self.hwm_reset = False
-
-    def before_fit(self) -> None:
-        gc.collect()
-        self.baseline = rss_bytes()
-
-    def train_start(self) -> None:
-        self.last = time.perf_counter()
+        self._length: float | None = None
 
     def step_end(self, mean_length: float | None) -> None:
-        import torch
+        self._length = mean_length
+        super().step_end()
 
-        now = time.perf_counter()
-        self.intervals.append(now - self.last)
-        self.lengths.append(float("nan") if mean_length is None else float(mean_length))
-        self.threads.append(torch.get_num_threads())
+    def _record(self) -> None:
+        self.lengths.append(float("nan") if self._length is None else float(self._length))
         self.rss_mib.append(rss_bytes() / _MIB)
-        if len(self.intervals) == self.warmup:
-            self.rss_at_reset = rss_bytes()
-            self.hwm_reset = reset_peak_rss()
-            if self.profiler is not None:
-                self.profiler.enable()
-        self.last = time.perf_counter()  # bookkeeping above is not charged to the next step
+
+    def _warmup_end(self) -> None:
+        if self.profiler is not None:
+            self.profiler.enable()
 
     def result(self) -> dict[str, Any]:
         if self.profiler is not None:
             self.profiler.disable()
-        peak = peak_rss_bytes()
-        timed = self.intervals[self.warmup :]
+        timed = self.timed
         return {
             "time_s": {
                 "median": statistics.median(timed),
@@ -236,17 +218,7 @@ class _Recorder:
                 "steps": timed,
                 "warmup_steps": self.intervals[: self.warmup],
             },
-            "memory": {
-                "peak_mib": (peak - self.baseline) / _MIB,
-                "baseline_rss_mib": self.baseline / _MIB,
-                "rss_after_warmup_mib": self.rss_at_reset / _MIB,
-                "step_mib": (peak - self.rss_at_reset) / _MIB,
-                "rss_after_each_step_mib": self.rss_mib,
-                "peak_rss_mib": peak / _MIB,
-                "peak_source": "VmHWM reset after warm-up"
-                if self.hwm_reset
-                else "ru_maxrss over the process lifetime",
-            },
+            "memory": {**self.memory(), "rss_after_each_step_mib": self.rss_mib},
             "completion_length": {
                 "timed_steps_mean": statistics.fmean(self.lengths[self.warmup :]),
                 "per_step": self.lengths,

@@ -75,3 +75,29 @@ def test_missing_readme_or_markers_fails_without_writing(bench, tmp_path, capsys
     assert make_table.main(["--results-dir", str(tmp_path / "results"), "--readme", str(missing)]) == 1
     assert missing.read_text() == "# no markers here\n"
     assert "bench:start" in capsys.readouterr().err
+
+
+def test_step_recorder_times_steps_after_the_warmup(bench):
+    common, _ = bench
+
+    class Losses(common.StepRecorder):
+        def __init__(self, warmup: int) -> None:
+            super().__init__(warmup)
+            self.recorded: list[int] = []
+            self.warmed = 0
+
+        def _record(self) -> None:
+            self.recorded.append(len(self.intervals))
+
+        def _warmup_end(self) -> None:
+            self.warmed += 1
+
+    recorder = Losses(warmup=2)
+    recorder.before_fit()
+    recorder.train_start()
+    for _ in range(5):
+        recorder.step_end()
+    assert len(recorder.intervals) == 5 and len(recorder.timed) == 3
+    assert recorder.recorded == [1, 2, 3, 4, 5] and recorder.warmed == 1
+    memory = recorder.memory()
+    assert memory["peak_rss_mib"] >= memory["baseline_rss_mib"] > 0
