@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -543,7 +544,7 @@ class AnchorRidge:
 # ------------------------------------------------------------------------------------------------ methods
 
 
-class _Coreset:
+class _Coreset(ABC):
     """Shared API: ``fit`` on source models' correctness (and hidden states), then ``predict`` a new model's
     full score from its results on ``anchors`` (columns in the order of ``anchors``)."""
 
@@ -577,10 +578,11 @@ class _Coreset:
             raise ValueError(f"num_anchors={self.num_anchors} exceeds the benchmark's {y.shape[1]} items")
         return y
 
+    @abstractmethod
     def _select(
         self, correctness: Tensor, hidden_states: Sequence[ArrayLike] | None
     ) -> tuple[Tensor, Tensor]:
-        raise NotImplementedError
+        """(anchor indices, anchor weights) of the method."""
 
     def fit(
         self,
