@@ -2,6 +2,9 @@
 
 :class:`~lightning_llm.envs.base.Environment` is the contract (stop strings, a turn budget, ``reset`` /
 ``step`` / ``reward`` on text); :func:`~lightning_llm.envs.base.run_episode` is the reference loop on text.
+
+:mod:`lightning_llm.envs.rts` is a separate subpackage (imported on its own): a deterministic real-time-strategy
+benchmark where agents issue budgeted, typed intents, with an arena, Elo ratings, steerability and replays.
 """
 
 from lightning_llm.envs.base import Environment, EnvReply, Episode, cut_at_stop, run_episode

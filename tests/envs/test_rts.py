@@ -298,11 +298,11 @@ def test_elo_and_bradley_terry_recover_known_strengths_from_sampled_games():
     assert sorted(names, key=lambda n: -elo(games, names)[n]) == names
 
 
-def test_arena_elo_recovers_the_order_of_scripted_agents():
+def test_arena_elo_recovers_the_order_of_scripted_agents(tmp_path):
     """Balanced beats the rush (it expands, counters infantry with tanks and defends first), and the rush beats an
     agent that does nothing: the arena's Elo and Bradley–Terry ratings must say so."""
     agents = {"passive": PassiveAgent, "balanced": BalancedAgent, "rush": RushAgent}
-    result = RTSArena(agents, games_per_pair=4, seed=0).run()
+    result = RTSArena(agents, games_per_pair=4, seed=0, replay_dir=tmp_path).run()
     table = result.table()
     assert [r["agent"] for r in table] == ["balanced", "rush", "passive"]
     bt = result.bradley_terry(bootstrap=50)
@@ -310,6 +310,10 @@ def test_arena_elo_recovers_the_order_of_scripted_agents():
     ratings = result.elo(bootstrap=50)
     assert ratings["balanced"].low > ratings["passive"].high
     assert all(g.ticks <= Rules().max_ticks for g in result.games)
+    replays = sorted(tmp_path.glob("*.json"))
+    assert len(replays) == len(result.games) == 12
+    first = load_replay(replays[0])
+    assert first["names"] == [result.games[0].first, result.games[0].second]
 
 
 # ----------------------------------------------------------------------------------------------- steerability

@@ -16,12 +16,15 @@ to a mean of 1000, which makes the two ratings directly comparable.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from lightning_llm.envs.rts.match import Agent, MatchResult, play_match
+from lightning_llm.envs.rts.replay import save_replay
 from lightning_llm.envs.rts.rules import Rules
 
 __all__ = ["ArenaResult", "Game", "RTSArena", "Rating", "bradley_terry", "elo"]
@@ -174,6 +177,7 @@ class RTSArena:
         games_per_pair: Games per pair (even numbers give each agent both seats equally often).
         seed: Map seeds are ``seed, seed + 1, ...`` over the pair's games.
         keep_matches: Keep every :class:`MatchResult` (logs and frames: memory grows with the games).
+        replay_dir: Write every game's replay there as ``<index>_<first>_vs_<second>_seed<seed>.json``.
     """
 
     def __init__(
@@ -184,6 +188,7 @@ class RTSArena:
         games_per_pair: int = 4,
         seed: int = 0,
         keep_matches: bool = False,
+        replay_dir: str | Path | None = None,
     ) -> None:
         if len(agents) < 2:
             raise ValueError("an arena needs at least two agents")
@@ -194,6 +199,7 @@ class RTSArena:
         self.games_per_pair = games_per_pair
         self.seed = seed
         self.keep_matches = keep_matches
+        self.replay_dir = Path(replay_dir) if replay_dir is not None else None
 
     def run(self) -> ArenaResult:
         names = list(self.agents)
@@ -204,8 +210,16 @@ class RTSArena:
                     first, second = (names[a], names[b]) if g % 2 == 0 else (names[b], names[a])
                     seed = self.seed + g
                     match = play_match(
-                        [self.agents[first](), self.agents[second]()], self.rules, seed, frame_every=0
+                        [self.agents[first](), self.agents[second]()],
+                        self.rules,
+                        seed,
+                        frame_every=20 if self.replay_dir else 0,
                     )
+                    if self.replay_dir is not None:
+                        slug = re.sub(
+                            r"[^A-Za-z0-9_.-]+", "-", f"{len(games):03d}_{first}_vs_{second}_seed{seed}"
+                        )
+                        save_replay(match, self.replay_dir / f"{slug}.json")
                     winner = None if match.winner is None else (first, second)[match.winner]
                     games.append(Game(first, second, winner, seed, match.ticks))
                     if self.keep_matches:

@@ -117,8 +117,8 @@ def render_replay(
     """Draw a replay's frames: ``out`` ending in ``.gif`` writes one animated GIF, otherwise ``out`` is a folder
     of ``frame_<tick>.png`` files. Units are discs, buildings squares (HQ larger), resource fields yellow.
 
-    ``perspective`` (0 or 1) greys out what that player did not see — reconstructed from its entities' vision
-    in the frame, so it is exact at frame ticks. Needs Pillow.
+    ``perspective`` (0 or 1) greys out what that player does not see and hides the enemies there — reconstructed
+    from its entities' vision in the frame, so it is exact at frame ticks. Needs Pillow.
     """
     from PIL import Image, ImageDraw  # deferred: only rendering needs it
 
@@ -133,20 +133,21 @@ def render_replay(
     for frame in frames:
         img = Image.new("RGB", (w * cell, h * cell + 16), (245, 245, 240))
         draw = ImageDraw.Draw(img)
+        seen = None
         if perspective is not None and rules.fog_of_war:
             seen = np.zeros((h, w), dtype=bool)
             for _, owner, kind, x, y, _ in frame["entities"]:
                 if owner == perspective:
                     seen |= (gx - x) ** 2 + (gy - y) ** 2 <= vision[kind] ** 2
             for yy, xx in zip(*np.nonzero(~seen), strict=True):
-                draw.rectangle(
-                    [xx * cell, yy * cell, (xx + 1) * cell - 1, (yy + 1) * cell - 1], fill=(190, 190, 190)
-                )
+                draw.rectangle([xx * cell, yy * cell, (xx + 1) * cell - 1, (yy + 1) * cell - 1], fill=(190, 190, 190))
         for fx, fy in replay["fields"]:
             draw.ellipse(
                 [(fx - 0.6) * cell, (fy - 0.6) * cell, (fx + 0.6) * cell, (fy + 0.6) * cell], fill=_FIELD
             )
         for _, owner, kind, x, y, _ in frame["entities"]:
+            if seen is not None and owner != perspective and not seen[min(int(y), h - 1), min(int(x), w - 1)]:
+                continue  # the perspective player does not see it
             color = _COLORS[owner]
             if KINDS[kind] in rules.units:
                 r = 0.35 * cell
