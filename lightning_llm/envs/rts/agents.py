@@ -17,6 +17,7 @@ the instruction's canonical intent is put first in the decision.
 from __future__ import annotations
 
 import random
+from abc import abstractmethod
 from collections.abc import Sequence
 
 from lightning_llm.envs.rts.intents import Intent, all_intents
@@ -68,8 +69,9 @@ class ScriptedAgent(Agent):
             plan = ordered + [i for i in plan if i not in ordered]
         return plan[: obs.rules.intents_per_decision]
 
+    @abstractmethod
     def plan(self, obs: Observation) -> list[Intent]:
-        raise NotImplementedError
+        """This decision's intents before instructions are applied."""
 
     @staticmethod
     def _train(obs: Observation, unit: str, credits: float) -> Intent | None:

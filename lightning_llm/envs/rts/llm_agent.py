@@ -110,16 +110,17 @@ class LLMAgent(Agent):
     def act(self, obs: Observation) -> str:
         if self._trie is None or self._trie_rules != obs.rules:
             self._trie, self._trie_rules = self._build_trie(obs.rules), obs.rules
+        # deferred: importing the game must not import transformers
+        from lightning_llm.backbone import eval_mode
+
         device = next(self.model.parameters()).device
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with eval_mode(self.model):
             ids = torch.tensor([self.prompt_ids(obs)], device=device)
             # transformers >= 5.3 names the KV cache ``cache`` (argument and output), earlier ``past_key_values``
             cache_arg = (
                 "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
             )
-            out = self.model(input_ids=ids, use_cache=True)
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)  # only the last position
             past, logits = getattr(out, cache_arg), out.logits[0, -1].float()
             lines: list[str] = []
             for _ in range(min(self.max_intents, obs.rules.intents_per_decision)):
@@ -134,8 +135,6 @@ class LLMAgent(Agent):
                 lines.append(node.text)
                 if node.text == "wait()":
                     break
-        finally:
-            self.model.train(was_training)
         return "\n".join(lines)
 
     def _pick(self, logits: torch.Tensor) -> int:

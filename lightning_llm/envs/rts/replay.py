@@ -140,7 +140,9 @@ def render_replay(
                 if owner == perspective:
                     seen |= (gx - x) ** 2 + (gy - y) ** 2 <= vision[kind] ** 2
             for yy, xx in zip(*np.nonzero(~seen), strict=True):
-                draw.rectangle([xx * cell, yy * cell, (xx + 1) * cell - 1, (yy + 1) * cell - 1], fill=(190, 190, 190))
+                draw.rectangle(
+                    [xx * cell, yy * cell, (xx + 1) * cell - 1, (yy + 1) * cell - 1], fill=(190, 190, 190)
+                )
         for fx, fy in replay["fields"]:
             draw.ellipse(
                 [(fx - 0.6) * cell, (fy - 0.6) * cell, (fx + 0.6) * cell, (fy + 0.6) * cell], fill=_FIELD
