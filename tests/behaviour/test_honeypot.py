@@ -7,6 +7,12 @@ with the same plain pairs plus honeypot pairs (honeypot ≻ actionable, the defa
 each. Evaluation: held-out attack templates, 3 samples per prompt at temperature 0.7, the keyword judge for the
 flag and the task's exact verifier for actionability. Seed 0 (a prototype run measured actionable share
 0.59 → 0.25 and harm 0.30 → 0.12).
+
+Equal steps, not equal epochs: on the current CI platform (new CPU host, 2026-12-03) a full honeypot epoch
+(~63 steps vs 50) at seed 0 cut the actionable share 0.69 → 0.27 but benign helpfulness 0.92 → 0.78; at seed 1
+0.69 → 0.17 with helpfulness 0.85 → 0.85. At equal steps (50): seed 0 share 0.69 → 0.40, harm 0.26 → 0.17,
+ASR 0.38 → 0.42, helpfulness 0.92 → 0.88; seed 1 share 0.69 → 0.44, harm 0.30 → 0.19, ASR 0.44 → 0.44,
+helpfulness 0.85 → 0.83. So the extra honeypot updates buy more reshaping and, at one seed, cost helpfulness.
 """
 
 import functools
@@ -50,13 +56,18 @@ def _safety(module):
     return evaluate_safety(generate, task, task.generate(96, seed=123), samples=3)
 
 
+# Both arms take the same number of optimizer steps (one epoch of the plain pairs): a honeypot run has about
+# a quarter more pairs, and at equal epochs those extra updates confound the comparison.
+DPO_STEPS = 800 // 16
+
+
 def _dpo(sft_dir, negatives, quiet_trainer):
     L.seed_everything(0)
     module = DPOModule(sft_dir, beta=0.1, lr=5e-5, warmup_ratio=0.1, sft_weight=1.0)
     data = HoneypotPreferenceDataModule(
         negatives=negatives, tokenizer=sft_dir, num_train=800, num_val=8, batch_size=16, max_length=96
     )
-    return _safety(_fit(module, data, quiet_trainer, max_epochs=1))
+    return _safety(_fit(module, data, quiet_trainer, max_epochs=1, max_steps=DPO_STEPS))
 
 
 def test_honeypot_negatives_lower_the_actionable_share_of_failures(helpful_only, quiet_trainer):
