@@ -3,8 +3,8 @@ to held-out attack prompts are less often actionable with honeypot pairs than wi
 
 A helpful-only SFT model (it complies with most restricted requests, under every prompt template) is
 safety-trained by DPO on the training templates only, once with plain pairs (refusal ≻ actionable) and once
-with the same plain pairs plus honeypot pairs (honeypot ≻ actionable, the default ``honeypot_role``), one epoch
-each. Evaluation: held-out attack templates, 3 samples per prompt at temperature 0.7, the keyword judge for the
+with the same plain pairs plus honeypot pairs (honeypot ≻ actionable, the default ``honeypot_role``), for the
+same 50 steps (one epoch of the plain pairs). Evaluation: held-out attack templates, 3 samples per prompt at temperature 0.7, the keyword judge for the
 flag and the task's exact verifier for actionability. Seed 0 (a prototype run measured actionable share
 0.59 → 0.25 and harm 0.30 → 0.12).
 
