@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import lightning as L
 import pytest
-import torch
 
 from lightning_llm.callbacks import HindsightLengthAwareness, SFTWarmup
 from lightning_llm.callbacks.larft import greedy_completions, self_count_ranked_accuracy
@@ -77,7 +76,6 @@ def evaluate(module: GRPOModule, data: PromptDataModule) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def warm(quiet_trainer, tiny_backbone):
     L.seed_everything(0)
-    torch.set_num_threads(1)
     module, data = _module(), _data(0)
     warmup = SFTWarmup(steps=150, lr=3e-3, batch_size=32, extra_tasks={"word_count": COUNTING})
     quiet_trainer(0, [warmup]).fit(module, data)
