@@ -3,6 +3,7 @@
 from lightning_llm.callbacks.delta_belief import DeltaBeliefReward
 from lightning_llm.callbacks.entropy import EntropyDiscriminatorClipping, EntropyDynamicsMonitor
 from lightning_llm.callbacks.larft import HindsightLengthAwareness
+from lightning_llm.callbacks.latent_thoughts import LatentThoughtsCurriculum
 from lightning_llm.callbacks.llds import LLDSRegularizer
 from lightning_llm.callbacks.lora_restart import LoRARestart
 from lightning_llm.callbacks.pcfg import GrammarKLMonitor, LayerwiseProbe
@@ -23,6 +24,7 @@ __all__ = [
     "GrammarKLMonitor",
     "HindsightLengthAwareness",
     "LLDSRegularizer",
+    "LatentThoughtsCurriculum",
     "LayerwiseProbe",
     "LoRARestart",
     "PolicyLossStep",

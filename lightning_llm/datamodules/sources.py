@@ -367,6 +367,21 @@ class ExampleDataModule(L.LightningDataModule, ABC):
             self._tokenizer = tokenizer
         return self._tokenizer
 
+    @property
+    def train_items(self) -> list[Any]:
+        """The built training items (after :meth:`setup`), in their stored order."""
+        return list(self._built(self._train_data))
+
+    def replace_train_items(self, items: list[Any]) -> None:
+        """Swap in new training items (a curriculum's rebuilt data); the next ``train_dataloader()`` uses them.
+
+        Items must be what :meth:`_build` makes for this DataModule (e.g. ``input_ids``/``labels`` dicts for
+        SFT). Lightning only asks for a new loader when ``reload_dataloaders_every_n_epochs`` says so.
+        """
+        if not items:
+            raise ValueError(f"{type(self).__name__}: replace_train_items needs at least one item")
+        self._train_data = list(items)
+
     def prepare_data(self) -> None:
         """Build (or download) the tokenizer once, on one process, before every process loads it."""
         self.tokenizer  # noqa: B018

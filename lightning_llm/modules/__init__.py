@@ -3,6 +3,7 @@
 from lightning_llm.modules.causal_lm import CausalLMModule
 from lightning_llm.modules.dpo import DPOModule, dpo_loss, sequence_logprobs
 from lightning_llm.modules.grpo import GRPOModule
+from lightning_llm.modules.latent_thoughts import LatentThoughtsModule, fuse_latent, latent_collapse
 from lightning_llm.modules.lora import (
     LoRAConfig,
     LoRALinear,
@@ -16,10 +17,13 @@ __all__ = [
     "CausalLMModule",
     "DPOModule",
     "GRPOModule",
+    "LatentThoughtsModule",
     "LoRAConfig",
     "LoRALinear",
     "apply_lora",
     "dpo_loss",
+    "fuse_latent",
+    "latent_collapse",
     "load_adapter",
     "merge_lora",
     "save_adapter",

@@ -29,6 +29,10 @@ class ArithmeticTask(Task):
         ops: The operators to draw from, any non-empty subset of ``"+-*"``.
         operands: Number of operands, at least 2.
         chain_of_thought: Whether the reference completion shows its steps in ``<think>…</think>`` first.
+        latent_steps: Coconut's data format (arXiv 2412.06769, the baseline of LT-Tuning): each of the
+            ``operands − 1`` steps is replaced by this many ``<thinking>`` placeholders before the answer, so a
+            model reasons in latents instead of tokens. 0 (default) writes none; exclusive with
+            ``chain_of_thought``.
     """
 
     name = "arithmetic"
@@ -37,8 +41,13 @@ class ArithmeticTask(Task):
     ops: str = "+-*"
     operands: int = 2
     chain_of_thought: bool = False
+    latent_steps: int = 0
 
     def __post_init__(self) -> None:
+        if self.latent_steps < 0:
+            raise ValueError(f"arithmetic: latent_steps must be >= 0, got {self.latent_steps}")
+        if self.latent_steps and self.chain_of_thought:
+            raise ValueError("arithmetic: latent_steps replaces the chain of thought; set one of the two")
         if self.digits < 1:
             raise ValueError(f"arithmetic: digits must be >= 1, got {self.digits}")
         if self.operands < 2:
@@ -68,6 +77,7 @@ class ArithmeticTask(Task):
             )
             answer = str(result)
             thought = f"<think>{'; '.join(steps)}</think>" if self.chain_of_thought else ""
+            thought += "<thinking>" * (self.latent_steps * len(steps))
             examples.append(
                 Example(
                     prompt=f"What is {expression}?{suffix}",
