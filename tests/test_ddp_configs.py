@@ -20,6 +20,7 @@ CONFIGS = [
     "forecasting.yaml",
     "pcfg.yaml",
     "dpo_honeypot.yaml",
+    "lt_tuning.yaml",
 ]
 
 

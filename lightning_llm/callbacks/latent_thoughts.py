@@ -159,7 +159,7 @@ class LatentThoughtsCurriculum(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.log("curriculum/stage", float(self.stage), on_step=False, on_epoch=True)
+        pl_module.log("curriculum/stage", float(self.stage), on_step=False, on_epoch=True, sync_dist=True)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
