@@ -10,6 +10,7 @@ from lightning_llm.datamodules.preference import (
     honeypot_pairs,
 )
 from lightning_llm.datamodules.prompt import PromptDataModule
+from lightning_llm.datamodules.puzzles import PuzzleDataModule
 from lightning_llm.datamodules.sources import DataSourceError, ExampleDataModule, load_records
 from lightning_llm.datamodules.tasks import (
     ArithmeticTask,
@@ -42,6 +43,7 @@ __all__ = [
     "PreferenceDataModule",
     "PreferencePair",
     "PromptDataModule",
+    "PuzzleDataModule",
     "Task",
     "available_tasks",
     "extract_answer",

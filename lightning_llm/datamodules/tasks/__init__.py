@@ -156,16 +156,30 @@ from lightning_llm.datamodules.tasks.gameable import GameableTask  # noqa: E402
 from lightning_llm.datamodules.tasks.honeypot import HoneypotTask  # noqa: E402
 from lightning_llm.datamodules.tasks.length import LengthTask, WordCountTask  # noqa: E402
 from lightning_llm.datamodules.tasks.multihop_qa import MultiHopQATask  # noqa: E402
+from lightning_llm.datamodules.tasks.puzzles import (  # noqa: E402
+    FutoshikiTask,
+    LatinSquareTask,
+    MiniSudokuTask,
+    Puzzle,
+    format_grid,
+    parse_grid,
+)
 from lightning_llm.datamodules.tasks.twenty_questions import TwentyQuestionsTask  # noqa: E402
 
 __all__ += [
     "ArithmeticTask",
     "CopyTask",
     "ForecastingTask",
+    "FutoshikiTask",
     "GameableTask",
     "HoneypotTask",
+    "LatinSquareTask",
     "LengthTask",
+    "MiniSudokuTask",
     "MultiHopQATask",
+    "Puzzle",
     "TwentyQuestionsTask",
     "WordCountTask",
+    "format_grid",
+    "parse_grid",
 ]
