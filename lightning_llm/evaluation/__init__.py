@@ -1,5 +1,6 @@
 """Analyses of trained models that are not training signals: geometry of steering directions, detectors,
-benchmark coresets (RepCore and its baselines), and DualGraph research memory."""
+benchmark coresets (RepCore and its baselines), DualGraph research memory, and reasoning graphs of puzzle
+traces with their flow efficiency η."""
 
 from lightning_llm.evaluation.dualgraph import (
     CallableBackend,
@@ -26,6 +27,24 @@ from lightning_llm.evaluation.dualgraph import (
     synthetic_research_world,
     write_report,
 )
+from lightning_llm.evaluation.reasoning_graph import (
+    QUESTION_NODE,
+    Claim,
+    ClaimVerdict,
+    LLMClaimExtractor,
+    ReasoningEfficiency,
+    StructureStats,
+    TraceParser,
+    build_reasoning_graph,
+    draw_reasoning_graph,
+    focused_trace,
+    format_trace,
+    meandering_trace,
+    reasoning_efficiency,
+    structure_stats,
+    verify_claims,
+    visitation,
+)
 from lightning_llm.evaluation.repcore import (
     Alignment,
     AnchorPoints,
@@ -51,10 +70,13 @@ from lightning_llm.evaluation.steering import (
 )
 
 __all__ = [
+    "QUESTION_NODE",
     "Alignment",
     "AnchorPoints",
     "AnchorRidge",
     "CallableBackend",
+    "Claim",
+    "ClaimVerdict",
     "ConceptDetector",
     "CylindricalAnalysis",
     "DeterministicExtractor",
@@ -64,6 +86,7 @@ __all__ = [
     "Gap",
     "IRTCoreset",
     "KnowledgeGraph",
+    "LLMClaimExtractor",
     "LLMExtractor",
     "LLMJudgeDetector",
     "LLMPlanner",
@@ -73,6 +96,7 @@ __all__ = [
     "OutlineSection",
     "QueryQuota",
     "RandomCoreset",
+    "ReasoningEfficiency",
     "RegexConceptDetector",
     "Relation",
     "RepCore",
@@ -80,9 +104,17 @@ __all__ = [
     "ResearchTrace",
     "ResearchWorld",
     "Steerability",
+    "StructureStats",
+    "TraceParser",
     "align_representations",
+    "build_reasoning_graph",
     "detect_gaps",
+    "draw_reasoning_graph",
     "extract_hidden_states",
+    "focused_trace",
+    "format_trace",
+    "meandering_trace",
+    "reasoning_efficiency",
     "recall_curve",
     "relation_recall",
     "score_multiple_choice",
@@ -91,6 +123,9 @@ __all__ = [
     "steerability",
     "steerability_correlation",
     "steered_generations",
+    "structure_stats",
     "synthetic_research_world",
+    "verify_claims",
+    "visitation",
     "write_report",
 ]
