@@ -147,17 +147,9 @@ class CausalLMModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------- generation
 
-    @torch.no_grad()
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        max_new_tokens: int = 32,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        system_prompt: str | None = None,
-    ) -> list[str]:
-        """Complete user messages, rendered with the tokenizer's chat template. ``temperature=0`` is greedy."""
+    def encode_prompts(self, prompts: list[str], *, system_prompt: str | None = None) -> dict[str, Tensor]:
+        """User messages rendered with the chat template and a generation prompt, left-padded, on this device:
+        ``{"input_ids", "attention_mask"}`` ready for :meth:`generate_ids`."""
         rendered = []
         for prompt in prompts:
             messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
@@ -172,6 +164,20 @@ class CausalLMModule(L.LightningModule):
         finally:
             self.tokenizer.padding_side = side
         enc = enc.to(self.device)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        system_prompt: str | None = None,
+    ) -> list[str]:
+        """Complete user messages, rendered with the tokenizer's chat template. ``temperature=0`` is greedy."""
+        enc = self.encode_prompts(prompts, system_prompt=system_prompt)
         return self.generate_ids(
             enc["input_ids"],
             enc["attention_mask"],

@@ -126,3 +126,19 @@ def test_resume_from_mid_run_checkpoint_is_exact(tiny_backbone, tmp_path, quiet_
     assert sorted(resumed.losses) == [4, 5, 6, 7]
     for step, loss in resumed.losses.items():
         assert loss == full.losses[step], (step, loss, full.losses[step])
+
+
+def test_encode_prompts_left_pads_chat_rendered_prompts_and_generate_uses_them(tiny_backbone):
+    module = CausalLMModule().eval()
+    enc = module.encode_prompts(
+        ["1+1?", "What is 12 + 30 - 7? Evaluate left to right."], system_prompt="Be brief."
+    )
+    assert set(enc) == {"input_ids", "attention_mask"}
+    assert enc["attention_mask"][0, 0] == 0 and enc["attention_mask"][:, -1].all()  # left padding
+    assert module.tokenizer.padding_side == "right"  # restored for training
+    text = module.tokenizer.decode(enc["input_ids"][1], skip_special_tokens=False)
+    assert "Be brief." in text and "12 + 30" in text
+    ids = module.generate_ids(**enc, max_new_tokens=4)
+    assert ids == module.generate(
+        ["1+1?", "What is 12 + 30 - 7? Evaluate left to right."], max_new_tokens=4, system_prompt="Be brief."
+    )
