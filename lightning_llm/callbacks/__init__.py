@@ -2,6 +2,7 @@
 
 from lightning_llm.callbacks.delta_belief import DeltaBeliefReward
 from lightning_llm.callbacks.entropy import EntropyDiscriminatorClipping, EntropyDynamicsMonitor
+from lightning_llm.callbacks.gsnr import GradientSNRMonitor, gradient_snr
 from lightning_llm.callbacks.larft import HindsightLengthAwareness
 from lightning_llm.callbacks.latent_thoughts import LatentThoughtsCurriculum
 from lightning_llm.callbacks.llds import LLDSRegularizer
@@ -21,6 +22,7 @@ __all__ = [
     "DeltaBeliefReward",
     "EntropyDiscriminatorClipping",
     "EntropyDynamicsMonitor",
+    "GradientSNRMonitor",
     "GrammarKLMonitor",
     "HindsightLengthAwareness",
     "LLDSRegularizer",
@@ -35,5 +37,6 @@ __all__ = [
     "ScaLoRA",
     "TaskAccuracy",
     "UpdateRankMonitor",
+    "gradient_snr",
     "train_steering_vector",
 ]

@@ -1,5 +1,6 @@
 """Shared DataModules: chat SFT and RL prompts, from synthetic tasks (``tasks``) or real data (``sources``)."""
 
+from lightning_llm.datamodules.activations import ActivationDataModule
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
 from lightning_llm.datamodules.forecasting import ForecastingDataModule
 from lightning_llm.datamodules.pcfg import PCFG, Constituent, PCFGDataModule
@@ -28,6 +29,7 @@ from lightning_llm.datamodules.tasks import (
 
 __all__ = [
     "PCFG",
+    "ActivationDataModule",
     "ArithmeticTask",
     "ChatSFTDataModule",
     "Constituent",

@@ -1,6 +1,6 @@
 """Analyses of trained models that are not training signals: geometry of steering directions, detectors,
-benchmark coresets (RepCore and its baselines), DualGraph research memory, and reasoning graphs of puzzle
-traces with their flow efficiency η."""
+SAE feature contexts, judges and steering, benchmark coresets (RepCore and its baselines), DualGraph research
+memory, and reasoning graphs of puzzle traces with their flow efficiency η."""
 
 from lightning_llm.evaluation.dualgraph import (
     CallableBackend,
@@ -57,6 +57,16 @@ from lightning_llm.evaluation.repcore import (
     score_multiple_choice,
     spearman,
 )
+from lightning_llm.evaluation.sae_features import (
+    FeatureContext,
+    FeatureJudge,
+    HeuristicFeatureJudge,
+    LLMFeatureJudge,
+    SAESteering,
+    feature_quality,
+    sae_steering_vector,
+    top_activating_contexts,
+)
 from lightning_llm.evaluation.steering import (
     ConceptDetector,
     CylindricalAnalysis,
@@ -83,11 +93,15 @@ __all__ = [
     "DeterministicPlanner",
     "DualGraphResearcher",
     "Evidence",
+    "FeatureContext",
+    "FeatureJudge",
     "Gap",
+    "HeuristicFeatureJudge",
     "IRTCoreset",
     "KnowledgeGraph",
     "LLMClaimExtractor",
     "LLMExtractor",
+    "LLMFeatureJudge",
     "LLMJudgeDetector",
     "LLMPlanner",
     "OpenAICompatibleBackend",
@@ -103,6 +117,7 @@ __all__ = [
     "Report",
     "ResearchTrace",
     "ResearchWorld",
+    "SAESteering",
     "Steerability",
     "StructureStats",
     "TraceParser",
@@ -111,12 +126,14 @@ __all__ = [
     "detect_gaps",
     "draw_reasoning_graph",
     "extract_hidden_states",
+    "feature_quality",
     "focused_trace",
     "format_trace",
     "meandering_trace",
     "reasoning_efficiency",
     "recall_curve",
     "relation_recall",
+    "sae_steering_vector",
     "score_multiple_choice",
     "sector_predictability",
     "spearman",
@@ -125,6 +142,7 @@ __all__ = [
     "steered_generations",
     "structure_stats",
     "synthetic_research_world",
+    "top_activating_contexts",
     "verify_claims",
     "visitation",
     "write_report",

@@ -5,5 +5,13 @@ Importing this package never imports Triton; the kernels are loaded on first use
 
 from lightning_llm.kernels.fused_linear_logprobs import entropy_dynamics_reference, fused_linear_logprobs
 from lightning_llm.kernels.lora_linear import lora_linear
+from lightning_llm.kernels.sae import jumprelu, sparse_decode, topk_encode
 
-__all__ = ["entropy_dynamics_reference", "fused_linear_logprobs", "lora_linear"]
+__all__ = [
+    "entropy_dynamics_reference",
+    "fused_linear_logprobs",
+    "jumprelu",
+    "lora_linear",
+    "sparse_decode",
+    "topk_encode",
+]

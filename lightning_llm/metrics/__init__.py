@@ -2,6 +2,16 @@
 
 from lightning_llm.metrics.forecasting import ForecastingMetrics, forecast_outcomes, reliability_bins
 from lightning_llm.metrics.grammar import GrammarKL, NGramModel, grammar_kl, model_next_token_logprobs
+from lightning_llm.metrics.sae import (
+    DeadFeatures,
+    DeltaLoss,
+    ExplainedVariance,
+    MeanL0,
+    SAELike,
+    SequenceMSE,
+    delta_loss,
+    spliced_nll,
+)
 from lightning_llm.metrics.safety import (
     KeywordJudge,
     LLMJudge,
@@ -12,17 +22,25 @@ from lightning_llm.metrics.safety import (
 )
 
 __all__ = [
+    "DeadFeatures",
+    "DeltaLoss",
+    "ExplainedVariance",
     "ForecastingMetrics",
     "GrammarKL",
     "KeywordJudge",
     "LLMJudge",
+    "MeanL0",
     "NGramModel",
+    "SAELike",
     "SafetyJudge",
     "SafetyMetrics",
+    "SequenceMSE",
+    "delta_loss",
     "evaluate_safety",
     "forecast_outcomes",
     "grammar_kl",
     "model_next_token_logprobs",
     "reliability_bins",
     "safety_outcomes",
+    "spliced_nll",
 ]

@@ -12,6 +12,7 @@ from lightning_llm.modules.lora import (
     merge_lora,
     save_adapter,
 )
+from lightning_llm.modules.sae import SparseAutoencoder, SparseAutoencoderModule, geometric_median
 
 __all__ = [
     "CausalLMModule",
@@ -20,9 +21,12 @@ __all__ = [
     "LatentThoughtsModule",
     "LoRAConfig",
     "LoRALinear",
+    "SparseAutoencoder",
+    "SparseAutoencoderModule",
     "apply_lora",
     "dpo_loss",
     "fuse_latent",
+    "geometric_median",
     "latent_collapse",
     "load_adapter",
     "merge_lora",
