@@ -21,6 +21,7 @@ CONFIGS = [
     "pcfg.yaml",
     "dpo_honeypot.yaml",
     "lt_tuning.yaml",
+    "sae_fast.yaml",
 ]
 
 

@@ -37,6 +37,7 @@ copies the buffer once). Validation activations (``num_val`` dialogues) are alwa
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import itertools
 import json
@@ -469,8 +470,12 @@ class _ActivationStream(IterableDataset):
 
 def _chat_sft(**kwargs: Any) -> ChatSFTDataModule:
     """A ChatSFTDataModule built outside any ``__init__``: Lightning's ``save_hyperparameters`` walks up through
-    enclosing ``__init__`` frames, and would otherwise record this DataModule's arguments as the SFT one's."""
-    return ChatSFTDataModule(**kwargs)
+    enclosing ``__init__`` frames, and would otherwise record this DataModule's arguments as the SFT one's.
+
+    Built in an empty ``contextvars.Context`` too: while the Lightning CLI instantiates this DataModule it sets a
+    context variable with *our* parsed arguments, which ``save_hyperparameters`` would take as the SFT one's.
+    """
+    return contextvars.Context().run(ChatSFTDataModule, **kwargs)
 
 
 class ActivationDataModule(L.LightningDataModule):
