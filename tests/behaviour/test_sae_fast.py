@@ -39,8 +39,9 @@ TASK = {"digits": 2, "ops": "+"}
 def chat_model(tmp_path_factory, quiet_trainer, tiny_backbone):
     L.seed_everything(0, verbose=False)
     lm = CausalLMModule("tiny", lr=5e-3)
-    data = ChatSFTDataModule(task="arithmetic", task_kwargs=TASK, num_train=4000, num_val=10, batch_size=32,
-                             max_length=64)
+    data = ChatSFTDataModule(
+        task="arithmetic", task_kwargs=TASK, num_train=4000, num_val=10, batch_size=32, max_length=64
+    )
     quiet_trainer(max_steps=150).fit(lm, data)
     return str(lm.save_pretrained(tmp_path_factory.mktemp("chat_tiny")))
 
