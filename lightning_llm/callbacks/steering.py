@@ -24,7 +24,8 @@ at layer :math:`\ell` by :func:`train_steering_vector` is added at exactly the p
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -322,6 +323,39 @@ class _StopForward(Exception):
     """Raised by the capture hook once the wanted layer has run: the rest of the forward is not needed."""
 
 
+@contextmanager
+def layer_output_reader(model: nn.Module, layer: int) -> Iterator[Callable[..., Tensor]]:
+    """Yield ``read(**model_inputs) -> h_layer``: a forward that stops after decoder layer ``layer``.
+
+    ``read`` returns that layer's output hidden states (the module's layer convention) and skips the rest of the
+    network. Inside the block the model is in eval mode and the hook is registered; both are undone on exit, also
+    on an exception. Every reader of residual activations (steering vectors, SAE harvests, feature contexts)
+    goes through it. Raises ``ValueError`` for a layer out of range.
+    """
+    layers = decoder_layers(model)
+    index = _check_layer(layer, len(layers))
+    captured: list[Tensor] = []
+
+    def capture(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        captured.append(output[0] if isinstance(output, tuple) else output)
+        raise _StopForward
+
+    def read(**inputs: Any) -> Tensor:
+        captured.clear()
+        try:
+            model(**inputs, use_cache=False)
+        except _StopForward:
+            pass
+        return captured[0]
+
+    handle = layers[index].register_forward_hook(capture)
+    try:
+        with eval_mode(model):
+            yield read
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
 def last_token_hidden(
     model: nn.Module,
@@ -342,41 +376,21 @@ def last_token_hidden(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not texts:
         raise ValueError("no texts")
-    layers = decoder_layers(model)
-    index = _check_layer(layer, len(layers))
     device = next(model.parameters()).device
-    captured: list[Tensor] = []
-
-    def capture(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        captured.append(output[0] if isinstance(output, tuple) else output)
-        raise _StopForward
-
     rows = []
-    handle = layers[index].register_forward_hook(capture)
-    try:
-        with eval_mode(model):
-            for start in range(0, len(texts), batch_size):
-                enc = tokenizer(list(texts[start : start + batch_size]), return_tensors="pt", padding=True)
-                mask = enc["attention_mask"].to(device)
-                if bool((mask.sum(-1) == 0).any()):
-                    raise ValueError("a text tokenizes to no tokens")
-                # Positions count real tokens only: under left padding HF would otherwise shift them.
-                position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-                captured.clear()
-                try:
-                    model(
-                        input_ids=enc["input_ids"].to(device),
-                        attention_mask=mask,
-                        position_ids=position_ids,
-                        use_cache=False,
-                    )
-                except _StopForward:
-                    pass
-                hidden = captured[0]
-                last = (mask * torch.arange(mask.shape[1], device=device)).argmax(-1)
-                rows.append(hidden[torch.arange(hidden.shape[0], device=device), last].float())
-    finally:
-        handle.remove()
+    with layer_output_reader(model, layer) as read:
+        for start in range(0, len(texts), batch_size):
+            enc = tokenizer(list(texts[start : start + batch_size]), return_tensors="pt", padding=True)
+            mask = enc["attention_mask"].to(device)
+            if bool((mask.sum(-1) == 0).any()):
+                raise ValueError("a text tokenizes to no tokens")
+            # Positions count real tokens only: under left padding HF would otherwise shift them.
+            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+            hidden = read(
+                input_ids=enc["input_ids"].to(device), attention_mask=mask, position_ids=position_ids
+            )
+            last = (mask * torch.arange(mask.shape[1], device=device)).argmax(-1)
+            rows.append(hidden[torch.arange(hidden.shape[0], device=device), last].float())
     return torch.cat(rows)
 
 

@@ -55,8 +55,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_llm.backbone import eval_mode
-from lightning_llm.callbacks.steering import _check_layer, _StopForward, decoder_layers
+from lightning_llm.callbacks.steering import _check_layer, decoder_layers, layer_output_reader
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
 from lightning_llm.datamodules.sources import _pad
 
@@ -91,35 +90,15 @@ def _harvest(
     dialogue in sequential mode, one packed block in block mode. The model runs in eval mode, without
     gradients, and stops after ``layer``. Module-level so that tests can replace it.
     """
-    layers = decoder_layers(model)
-    index = _check_layer(layer, len(layers))
     device = next(model.parameters()).device
-    captured: list[Tensor] = []
-
-    def capture(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        captured.append(output[0] if isinstance(output, tuple) else output)
-        raise _StopForward
-
-    handle = layers[index].register_forward_hook(capture)
-    try:
-        with eval_mode(model):
-            for start in range(0, len(rows), batch_size):
-                chunk = rows[start : start + batch_size]
-                input_ids = _pad(chunk, pad_id)
-                attention_mask = _pad([torch.ones_like(row) for row in chunk], 0)
-                captured.clear()
-                try:
-                    model(
-                        input_ids=input_ids.to(device),
-                        attention_mask=attention_mask.to(device),
-                        use_cache=False,
-                    )
-                except _StopForward:
-                    pass
-                keep = attention_mask.bool()
-                yield captured[0][keep.to(device)].float().cpu(), input_ids[keep]
-    finally:
-        handle.remove()
+    with layer_output_reader(model, layer) as read:
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            input_ids = _pad(chunk, pad_id)
+            attention_mask = _pad([torch.ones_like(row) for row in chunk], 0)
+            hidden = read(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
+            keep = attention_mask.bool()
+            yield hidden[keep.to(device)].float().cpu(), input_ids[keep]
 
 
 # ------------------------------------------------------------------------------------------------ storage

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_llm.backbone import eval_mode
-from lightning_llm.callbacks.steering import ActivationSteering, _check_layer, _StopForward, decoder_layers
+from lightning_llm.callbacks.steering import ActivationSteering, layer_output_reader
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -126,52 +125,31 @@ def top_activating_contexts(
     wanted = list(range(sae.d_sae)) if features is None else [int(i) for i in features]
     if any(not 0 <= i < sae.d_sae for i in wanted):
         raise ValueError(f"features must be in [0, {sae.d_sae}), got {wanted}")
-    layers = decoder_layers(model)
-    index = _check_layer(layer, len(layers))
     device = next(model.parameters()).device
     reference = sae.W_dec
     columns = torch.tensor(wanted, dtype=torch.long, device=reference.device)
     length = input_ids.shape[1]
     top_values = torch.empty(len(wanted), 0)
     top_tokens = torch.empty(len(wanted), 0, dtype=torch.long)  # flat index row * T + column
-    captured: list[Tensor] = []
-
-    def capture(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        captured.append(output[0] if isinstance(output, tuple) else output)
-        raise _StopForward
-
-    handle = layers[index].register_forward_hook(capture)
-    try:
-        with eval_mode(model):
-            for start in range(0, input_ids.shape[0], batch_size):
-                ids = input_ids[start : start + batch_size].to(device)
-                mask = attention_mask[start : start + batch_size].to(device)
-                captured.clear()
-                try:
-                    model(
-                        input_ids=ids,
-                        attention_mask=mask,
-                        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                        use_cache=False,
-                    )
-                except _StopForward:
-                    pass
-                real = mask.bool()
-                if not real.any():
-                    continue
-                hidden = captured[0][real].to(device=reference.device, dtype=reference.dtype)
-                acts = sae.encode(hidden * scale).index_select(-1, columns).float()  # [n, F], SAE's device
-                values, which = acts.T.topk(min(k, acts.shape[0]), dim=1)  # [F, k']: only these leave it
-                rows, cols = real.nonzero(as_tuple=True)
-                flat = ((rows + start) * length + cols).cpu()
-                merged_values = torch.cat([top_values, values.cpu()], 1)
-                merged_tokens = torch.cat([top_tokens, flat[which.cpu()]], 1)
-                # stable: on ties the running entries (earlier tokens) stay ahead of this batch's
-                order = merged_values.sort(dim=1, descending=True, stable=True).indices[:, :k]
-                top_values = merged_values.gather(1, order)
-                top_tokens = merged_tokens.gather(1, order)
-    finally:
-        handle.remove()
+    with layer_output_reader(model, layer) as read:
+        for start in range(0, input_ids.shape[0], batch_size):
+            ids = input_ids[start : start + batch_size].to(device)
+            mask = attention_mask[start : start + batch_size].to(device)
+            hidden = read(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+            real = mask.bool()
+            if not real.any():
+                continue
+            hidden = hidden[real].to(device=reference.device, dtype=reference.dtype)
+            acts = sae.encode(hidden * scale).index_select(-1, columns).float()  # [n, F], SAE's device
+            values, which = acts.T.topk(min(k, acts.shape[0]), dim=1)  # [F, k']: only these leave it
+            rows, cols = real.nonzero(as_tuple=True)
+            flat = ((rows + start) * length + cols).cpu()
+            merged_values = torch.cat([top_values, values.cpu()], 1)
+            merged_tokens = torch.cat([top_tokens, flat[which.cpu()]], 1)
+            # stable: on ties the running entries (earlier tokens) stay ahead of this batch's
+            order = merged_values.sort(dim=1, descending=True, stable=True).indices[:, :k]
+            top_values = merged_values.gather(1, order)
+            top_tokens = merged_tokens.gather(1, order)
 
     out: dict[int, list[FeatureContext]] = {}
     for row, feature in enumerate(wanted):

@@ -222,6 +222,45 @@ class SparseAutoencoder(nn.Module):
             (grad * rows).sum(1, keepdim=True) / rows.pow(2).sum(1, keepdim=True).clamp_min(1e-24) * rows
         )
 
+    @classmethod
+    def from_weights(
+        cls,
+        W_enc: Tensor,
+        b_enc: Tensor,
+        W_dec: Tensor,
+        b_dec: Tensor,
+        architecture: Architecture = "relu",
+        *,
+        threshold: Tensor | None = None,
+        input_scale: float = 1.0,
+        **kwargs: Any,
+    ) -> SparseAutoencoder:
+        """An SAE with given weights (e.g. another library's, or a hand-built one), copied as they are.
+
+        ``W_enc`` and ``W_dec`` are ``[d_sae, d_in]`` (transpose SAELens' ``W_enc``); decoder rows are not
+        renormalised. ``threshold`` (``[d_sae]``, positive) is required for ``"jumprelu"``; ``kwargs`` go to the
+        constructor (``k``, ``jumprelu_bandwidth``).
+        """
+        if W_enc.shape != W_dec.shape or W_enc.dim() != 2:
+            raise ValueError(
+                f"W_enc and W_dec must both be [d_sae, d_in], got {tuple(W_enc.shape)}, {tuple(W_dec.shape)}"
+            )
+        d_sae, d_in = W_dec.shape
+        if tuple(b_enc.shape) != (d_sae,) or tuple(b_dec.shape) != (d_in,):
+            raise ValueError(
+                f"b_enc must be [{d_sae}] and b_dec [{d_in}], got {tuple(b_enc.shape)}, {tuple(b_dec.shape)}"
+            )
+        if (architecture == "jumprelu") != (threshold is not None):
+            raise ValueError("threshold is required for architecture='jumprelu' and only applies to it")
+        sae = cls(d_in, d_sae, architecture, **kwargs)
+        with torch.no_grad():
+            for name, value in (("W_enc", W_enc), ("b_enc", b_enc), ("W_dec", W_dec), ("b_dec", b_dec)):
+                getattr(sae, name).copy_(value)
+            if threshold is not None:
+                sae.log_threshold.copy_(threshold.log())
+            sae.input_scale.fill_(input_scale)
+        return sae
+
     # ---------------------------------------------------------------------------------- artefacts
 
     def config(self) -> dict[str, Any]:

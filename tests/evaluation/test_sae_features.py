@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch import Tensor, nn
+from torch import Tensor
 
 from lightning_llm.callbacks import ActivationSteering
 from lightning_llm.evaluation import (
@@ -19,6 +19,7 @@ from lightning_llm.evaluation import (
     sae_steering_vector,
     top_activating_contexts,
 )
+from lightning_llm.modules.sae import SparseAutoencoder
 
 TEXTS = [
     "the cat sees the fire and the cat runs",
@@ -33,23 +34,9 @@ TEXTS = [
 LAYER = 0
 
 
-class TinySAE(nn.Module):
-    """A hand-written ReLU SAE: ``f = relu((x - b_dec) W_enc + b_enc)``, ``x̂ = f W_dec + b_dec``."""
-
-    def __init__(self, W_enc: Tensor, b_enc: Tensor, W_dec: Tensor, b_dec: Tensor) -> None:
-        super().__init__()
-        self.W_enc, self.b_enc = nn.Parameter(W_enc), nn.Parameter(b_enc)
-        self.W_dec, self.b_dec = nn.Parameter(W_dec), nn.Parameter(b_dec)
-        self.d_sae, self.d_in = W_dec.shape
-
-    def encode(self, x: Tensor) -> Tensor:
-        return torch.relu((x - self.b_dec) @ self.W_enc + self.b_enc)
-
-    def decode(self, f: Tensor) -> Tensor:
-        return f @ self.W_dec + self.b_dec
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.decode(self.encode(x))
+def hand_sae(W_enc: Tensor, b_enc: Tensor, W_dec: Tensor, b_dec: Tensor) -> SparseAutoencoder:
+    """A hand-set ReLU SAE: ``f = relu((x - b_dec) W_enc + b_enc)``, ``x̂ = f W_dec + b_dec``."""
+    return SparseAutoencoder.from_weights(W_enc.T, b_enc, W_dec, b_dec)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +81,7 @@ def planted(model_tok, corpus, cat_id):
     W_enc[:, 0] = 100 * direction
     b_enc = torch.zeros(m)
     b_enc[0] = -100 * (low + high) / 2
-    return TinySAE(W_enc, b_enc, W_dec, torch.zeros(d))
+    return hand_sae(W_enc, b_enc, W_dec, torch.zeros(d))
 
 
 def test_planted_feature_returns_exactly_its_token(model_tok, corpus, planted, cat_id):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from lightning_llm.metrics import (
     DeadFeatures,
@@ -18,38 +18,25 @@ from lightning_llm.metrics import (
     delta_loss,
 )
 from lightning_llm.metrics.sae import _replace_layer_output, spliced_nll
+from lightning_llm.modules.sae import SparseAutoencoder
 
 
-class TinySAE(nn.Module):
-    """A hand-written ReLU SAE: ``f = relu((x - b_dec) W_enc + b_enc)``, ``x̂ = f W_dec + b_dec``."""
-
-    def __init__(self, W_enc: Tensor, b_enc: Tensor, W_dec: Tensor, b_dec: Tensor) -> None:
-        super().__init__()
-        self.W_enc, self.b_enc = nn.Parameter(W_enc), nn.Parameter(b_enc)
-        self.W_dec, self.b_dec = nn.Parameter(W_dec), nn.Parameter(b_dec)
-        self.d_sae, self.d_in = W_dec.shape
-
-    def encode(self, x: Tensor) -> Tensor:
-        return torch.relu((x - self.b_dec) @ self.W_enc + self.b_enc)
-
-    def decode(self, f: Tensor) -> Tensor:
-        return f @ self.W_dec + self.b_dec
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.decode(self.encode(x))
+def hand_sae(W_enc: Tensor, b_enc: Tensor, W_dec: Tensor, b_dec: Tensor) -> SparseAutoencoder:
+    """A hand-set ReLU SAE: ``f = relu((x - b_dec) W_enc + b_enc)``, ``x̂ = f W_dec + b_dec``."""
+    return SparseAutoencoder.from_weights(W_enc.T, b_enc, W_dec, b_dec)
 
 
-def identity_sae(d: int) -> TinySAE:
+def identity_sae(d: int) -> hand_sae:
     """``x̂ = relu(x) − relu(−x) = x`` bit for bit: every output is one ±1 product plus exact zeros."""
     eye = torch.eye(d)
-    return TinySAE(torch.cat([eye, -eye], 1), torch.zeros(2 * d), torch.cat([eye, -eye], 0), torch.zeros(d))
+    return hand_sae(torch.cat([eye, -eye], 1), torch.zeros(2 * d), torch.cat([eye, -eye], 0), torch.zeros(d))
 
 
-def random_sae(d: int, m: int, seed: int = 0) -> TinySAE:
+def random_sae(d: int, m: int, seed: int = 0) -> hand_sae:
     g = torch.Generator().manual_seed(seed)
     W_dec = torch.randn(m, d, generator=g)
     W_dec = W_dec / W_dec.norm(dim=1, keepdim=True)
-    return TinySAE(W_dec.T.clone(), 0.1 * torch.randn(m, generator=g), W_dec, torch.zeros(d))
+    return hand_sae(W_dec.T.clone(), 0.1 * torch.randn(m, generator=g), W_dec, torch.zeros(d))
 
 
 def _data(seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
