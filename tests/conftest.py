@@ -18,6 +18,10 @@ if not _HAS_CUDA:
     # One intra-op thread per test process: the README's test line runs one pytest-xdist worker per core,
     # and the behaviour tests' numbers (their docstrings) are measured at one thread, whatever the core count.
     torch.set_num_threads(1)
+    # The same for the processes the tests start (notebook kernels, CLI subprocesses): two threads each beside
+    # the other worker oversubscribe the cores, and small ops then wait on each other (seen: a tutorial 6x
+    # slower).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Nothing in the suite may reach a model or dataset hub.
 os.environ["HF_HUB_OFFLINE"] = "1"

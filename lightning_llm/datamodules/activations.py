@@ -680,7 +680,7 @@ class ActivationDataModule(L.LightningDataModule):
             store: _Store = _ShardStore(directory, manifest)
             val = _ValidationSet(**load_file(directory / _VAL_FILE))
         else:
-            train_rows, val_rows = self._sequences()
+            train_rows, val_rows = self.sequences()
             writer = _Writer(self.hparams.shard_tokens)
             val = self._run_harvest(train_rows, val_rows, writer)
             store = writer.finish_memory()
@@ -723,8 +723,10 @@ class ActivationDataModule(L.LightningDataModule):
         assert self._stream is not None
         return self._stream
 
-    def _sequences(self) -> tuple[list[Tensor], list[Tensor]]:
-        """Token ids of the training rows (dialogues or blocks, cut to ``num_tokens``) and validation dialogues."""
+    def sequences(self) -> tuple[list[Tensor], list[Tensor]]:
+        """Token ids of the rows the backbone reads: training rows (dialogues or blocks, cut to ``num_tokens``)
+        and validation dialogues. What one forward of the harvest sees, row by row (for inspection).
+        """
         self.tokenizer  # noqa: B018  (shares the tokenizer with the SFT DataModules)
         train, val = self._dialogues._examples()
         builder = self._packed or self._dialogues
@@ -843,7 +845,7 @@ class ActivationDataModule(L.LightningDataModule):
             return target, manifest
         if target.exists():
             warnings.warn(f"rebuilding the activation cache at {target}: {problem}", stacklevel=3)
-        train_rows, val_rows = self._sequences()
+        train_rows, val_rows = self.sequences()
         target.parent.mkdir(parents=True, exist_ok=True)
         # Written beside the target and renamed: a crash leaves only a temporary directory, never a cache that
         # looks complete, and concurrent writers (nodes sharing a file system) race on an atomic rename.
