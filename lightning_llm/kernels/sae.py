@@ -589,7 +589,9 @@ def _topk_encode_backward(
             if need_x:
                 grad_x = torch.ops.lightning_llm.sparse_decode(g, indices, weight, None, backend, block)
             if need_weight and need_bias:  # one segment sum (one sort of the indices) for both: rows [x | 1]
-                both = _scatter_rows(indices, g, torch.cat([x, x.new_ones(x.shape[0], 1)], 1), weight.shape[0])
+                both = _scatter_rows(
+                    indices, g, torch.cat([x, x.new_ones(x.shape[0], 1)], 1), weight.shape[0]
+                )
                 grad_weight, grad_bias = both[:, :-1], both[:, -1]
             elif need_weight:
                 grad_weight = _scatter_rows(indices, g, x, weight.shape[0])
