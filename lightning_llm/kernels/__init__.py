@@ -3,11 +3,13 @@
 Importing this package never imports Triton; the kernels are loaded on first use with CUDA tensors.
 """
 
+from lightning_llm.kernels.budgeted_attention import budgeted_attention
 from lightning_llm.kernels.fused_linear_logprobs import entropy_dynamics_reference, fused_linear_logprobs
 from lightning_llm.kernels.lora_linear import lora_linear
 from lightning_llm.kernels.sae import jumprelu, sparse_decode, topk_encode
 
 __all__ = [
+    "budgeted_attention",
     "entropy_dynamics_reference",
     "fused_linear_logprobs",
     "jumprelu",

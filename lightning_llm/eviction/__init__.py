@@ -1,0 +1,19 @@
+"""Eviction-aware inference (METHODS §11): a budgeted KV cache, eviction policies, ``generate_with_budget``."""
+
+from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, FullCache, LayerStats
+from lightning_llm.eviction.generate import GenerationResult, generate_with_budget
+from lightning_llm.eviction.h2o import H2O
+from lightning_llm.eviction.snapkv import SnapKV
+from lightning_llm.eviction.streaming_llm import StreamingLLM
+
+__all__ = [
+    "H2O",
+    "BudgetedCache",
+    "EvictionPolicy",
+    "FullCache",
+    "GenerationResult",
+    "LayerStats",
+    "SnapKV",
+    "StreamingLLM",
+    "generate_with_budget",
+]

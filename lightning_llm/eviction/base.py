@@ -1,0 +1,350 @@
+"""The eviction-policy interface and the budgeted KV cache (METHODS §11).
+
+A policy only *scores* cached tokens; the cache owns everything else: which tokens are protected (the first
+``sinks`` and the most recent ``window``), how many are kept (``budget`` per layer, batch row and KV head), the
+accounting, and the ``on_evict`` hook through which a latent memory can fold evicted tokens into a state.
+
+How eviction fits Hugging Face's attention (checked against transformers 5.25; written to use only what 5.2 also
+has: ``Cache``/``DynamicCache``/``DynamicLayer``, ``get_seq_length`` and ``get_mask_sizes`` -- the latter took a
+``cache_position`` tensor in 5.2 and takes the query length in 5.25, and both are accepted here; not tested on 5.2):
+
+* RoPE is applied before ``cache.update``, so a kept key keeps the rotation of its original position; evicting it
+  never requires re-rotation.
+* ``get_seq_length`` counts every token seen, so positions (``position_ids``/``cache_position``) of new tokens stay
+  those of the uncompressed sequence.
+* ``get_mask_sizes`` reports ``kv_length = kept + query_length`` and ``kv_offset = seen - kept``: the mask builder
+  then treats the kept slots as if they were the ``kept`` positions just before the new tokens. The new tokens
+  occupy the last ``query_length`` slots at their true positions, so causality among them is exact, and every kept
+  slot is older than every new token, so it is visible (the same trick transformers' sliding-window layer uses).
+* Eviction happens inside ``update`` *after* the new tokens are appended: the attention of the current forward
+  sees all kept + new tokens, and the stored cache is then cut back to ``budget``. So the prompt is attended to in
+  full at prefill and compressed at its end; each decode step re-compresses to ``budget``.
+
+Attention-based policies (H2O, SnapKV) need the attention probabilities of the new queries. The default sdpa
+attention does not expose them, so :meth:`BudgetedCache.attach` registers a forward pre-hook on every attention
+module that recomputes the (RoPE-rotated) query states from the module's own ``q_proj`` (+ ``q_norm`` where the
+model has one, as Qwen3 does) and the ``position_embeddings`` it is called with; the cache then computes
+``softmax(q k^T * scaling)`` of those queries against the cached + new keys (GQA-aware, causal). This is
+O(new x cached) memory per layer (O(prompt^2) at prefill unless a policy asks only for its last queries via
+``attention_queries``), which is fine for research-scale models. Supported: Llama-style decoders whose attention
+modules have ``q_proj``, ``head_dim``, ``scaling``, ``layer_idx`` and full rotary embeddings, all layers full
+attention (Llama, Mistral without sliding window, Qwen2/2.5, Qwen3).
+
+Batches: every row and KV head keeps exactly ``budget`` tokens (its own choice of which), so tensors stay
+rectangular. Padded (ragged) batches are not supported yet: ``generate_with_budget`` rejects attention masks with
+zeros.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+__all__ = ["BudgetedCache", "EvictionPolicy", "FullCache", "LayerStats", "OnEvict", "check_model"]
+
+#: ``on_evict(layer_idx, keys, values)``: keys/values ``[B, Hkv, n_evicted, D]`` in original order.
+OnEvict = Callable[[int, Tensor, Tensor], None]
+
+
+class EvictionPolicy(ABC):
+    """Scores cached tokens; higher = keep. The cache keeps, per (layer, batch row, KV head), the first ``sinks``
+    tokens, the most recent ``window`` tokens and the top-scored of the rest, ``budget`` tokens in total, in their
+    original order.
+
+    A policy may keep per-layer state (H2O's accumulated attention, SnapKV's prefill scores): the cache calls
+    :meth:`reset` when it is created or reset, :meth:`score` on every update of a layer (whether or not it then
+    evicts) and :meth:`prune` with the kept slot indices after every eviction. One policy instance serves one
+    cache at a time.
+    """
+
+    #: Whether :meth:`score` needs the new queries / their attention probabilities (the cache hooks the model).
+    needs_attention: bool = False
+    #: Attention is computed only for this many of the newest queries of a forward (``None``: all of them).
+    attention_queries: int | None = None
+    #: ``False`` only for :class:`FullCache`.
+    evicts: bool = True
+
+    def __init__(self, sinks: int = 4, window: int = 16) -> None:
+        if sinks < 0 or window < 0:
+            raise ValueError(f"sinks and window must be >= 0, got sinks={sinks}, window={window}")
+        self.sinks = int(sinks)
+        self.window = int(window)
+
+    @abstractmethod
+    def score(
+        self, layer_idx: int, keys: Tensor, values: Tensor, queries: Tensor | None, attention: Tensor | None
+    ) -> Tensor:
+        """Scores ``[B, Hkv, S]`` of the ``S`` slots of ``keys``/``values`` ``[B, Hkv, S, D]`` (kept + new tokens,
+        in order). ``queries``: the new RoPE-rotated queries ``[B, Hq, q, D]``; ``attention``: their causal
+        attention probabilities over the ``S`` slots, ``[B, Hq, q', S]`` for the last ``q'`` queries (see
+        ``attention_queries``); both ``None`` unless ``needs_attention``."""
+
+    def reset(self) -> None:
+        """Forget per-generation state (no-op for stateless policies)."""
+        return None
+
+    def prune(self, layer_idx: int, keep: Tensor) -> None:
+        """The cache kept slots ``keep`` ``[B, Hkv, budget]`` (sorted indices into the scored slots)."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(sinks={self.sinks}, window={self.window})"
+
+
+class FullCache(EvictionPolicy):
+    """No eviction (the baseline); the budget is ignored."""
+
+    evicts = False
+
+    def __init__(self) -> None:
+        super().__init__(sinks=0, window=0)
+
+    def score(self, layer_idx, keys, values, queries, attention):  # pragma: no cover - never called
+        return torch.zeros(keys.shape[:3], device=keys.device)
+
+
+@dataclass
+class LayerStats:
+    """Per-layer accounting: tokens seen, kept now, evicted so far (``seen == kept + evicted``), peak kept."""
+
+    seen: int = 0
+    kept: int = 0
+    evicted: int = 0
+    peak_kept: int = 0
+
+
+class _BudgetedLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose length (``get_seq_length``) counts all tokens seen while only ``kept`` are stored."""
+
+    is_croppable = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen = 0
+        self.evicted = 0
+        self.peak_kept = 0
+        self.positions: Tensor | None = None
+
+    @property
+    def kept(self) -> int:
+        return 0 if self.keys is None or not self.is_initialized else int(self.keys.shape[-2])
+
+    def get_seq_length(self, *args, **kwargs) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length, *args, **kwargs) -> tuple[int, int]:
+        # transformers 5.2 passes `cache_position` (a tensor of the new positions), 5.25 the query length
+        q = int(query_length.shape[0]) if isinstance(query_length, Tensor) else int(query_length)
+        return self.kept + q, self.seen - self.kept
+
+    def update(self, key_states, value_states, *args, **kwargs):  # pragma: no cover - the cache bypasses it
+        raise RuntimeError("BudgetedCache layers are updated through BudgetedCache.update")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a budgeted cache cannot be cropped (evicted tokens are gone)")
+
+    def reset(self) -> None:
+        super().reset()
+        self.seen = self.evicted = self.peak_kept = 0
+        self.positions = None
+
+
+def check_model(model: torch.nn.Module, needs_attention: bool) -> dict[int, torch.nn.Module]:
+    """Validate that ``model`` is a decoder the cache supports; return its attention modules by layer index."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        raise ValueError("unsupported model: generate_with_budget needs a decoder-only transformers model")
+    text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text_config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ValueError(
+            f"unsupported model ({config.model_type}): only all-full-attention decoders are supported, "
+            f"got layer types {sorted(set(layer_types))}"
+        )
+    n_layers = text_config.num_hidden_layers
+    attn = {
+        int(m.layer_idx): m
+        for m in model.modules()
+        if all(hasattr(m, a) for a in ("q_proj", "k_proj", "layer_idx", "head_dim", "scaling"))
+    }
+    if needs_attention:
+        if sorted(attn) != list(range(n_layers)):
+            raise ValueError(
+                f"unsupported model ({config.model_type}): attention-based eviction needs Llama-style attention "
+                "modules (q_proj, head_dim, scaling, layer_idx) on every layer"
+            )
+        if getattr(text_config, "partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(f"unsupported model ({config.model_type}): partial rotary embeddings")
+    return attn
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class BudgetedCache(DynamicCache):
+    """A ``DynamicCache`` that keeps at most ``budget`` tokens per layer, chosen by ``policy``.
+
+    Use it through :func:`~lightning_llm.eviction.generate_with_budget`, or directly: build it for a model, wrap the
+    forwards in ``with cache.attach(model):`` (needed by attention-based policies) and pass it as the model's cache.
+    """
+
+    def __init__(
+        self,
+        policy: EvictionPolicy,
+        budget: int | None,
+        num_layers: int,
+        on_evict: OnEvict | None = None,
+    ) -> None:
+        if not isinstance(policy, EvictionPolicy):
+            raise TypeError(f"policy must be an EvictionPolicy, got {type(policy).__name__}")
+        if policy.evicts:
+            if budget is None:
+                raise ValueError(f"{policy!r} needs a budget")
+            if budget < policy.sinks + policy.window or budget < 1:
+                raise ValueError(
+                    f"budget ({budget}) must be >= sinks + window ({policy.sinks} + {policy.window}) and >= 1"
+                )
+        # Cache.__init__ (not DynamicCache's) with pre-built layers: present in transformers 5.2 and 5.25
+        super(DynamicCache, self).__init__(layers=[_BudgetedLayer() for _ in range(num_layers)])
+        self.policy = policy
+        self.budget = budget if policy.evicts else None
+        self.on_evict = on_evict
+        self.peak_bytes = 0
+        self._bytes = [0] * num_layers
+        self._pending: dict[int, tuple[Tensor, float]] = {}
+        policy.reset()
+
+    # -- accounting -------------------------------------------------------------------------------------------
+    def stats(self) -> list[LayerStats]:
+        return [LayerStats(lay.seen, lay.kept, lay.evicted, lay.peak_kept) for lay in self.layers]
+
+    def kept_positions(self, layer_idx: int) -> Tensor:
+        """Original positions ``[B, Hkv, kept]`` of the tokens layer ``layer_idx`` keeps."""
+        return self.layers[layer_idx].positions
+
+    def reset(self) -> None:
+        super().reset()
+        self.peak_bytes = 0
+        self._bytes = [0] * len(self.layers)
+        self._pending.clear()
+        self.policy.reset()
+
+    # -- query capture ----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def attach(self, model: torch.nn.Module) -> Iterator[BudgetedCache]:
+        """Register (and on exit remove) the query-capturing hooks an attention-based policy needs."""
+        modules = check_model(model, self.policy.needs_attention)
+        handles = []
+        if self.policy.needs_attention:
+            for module in modules.values():
+                handles.append(module.register_forward_pre_hook(self._capture_queries, with_kwargs=True))
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+            self._pending.clear()
+
+    def _capture_queries(self, module, args, kwargs) -> None:
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        pos_emb = kwargs.get("position_embeddings")
+        if pos_emb is None:
+            pos_emb = args[1]
+        cos, sin = pos_emb
+        q = module.q_proj(hidden).view(*hidden.shape[:-1], -1, module.head_dim)
+        if getattr(module, "q_norm", None) is not None:
+            q = module.q_norm(q)
+        q = q.transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos + _rotate_half(q) * sin
+        self._pending[int(module.layer_idx)] = (q.detach(), float(module.scaling))
+
+    @staticmethod
+    def attention_probs(queries: Tensor, keys: Tensor, scaling: float, last: int | None = None) -> Tensor:
+        """Causal softmax attention ``[B, Hq, q', S]`` of the last ``q'`` (``last``, default all) of the new
+        ``queries`` ``[B, Hq, q, D]`` over ``keys`` ``[B, Hkv, S, D]``, whose last ``q`` slots are the new tokens."""
+        b, hq, q, d = queries.shape
+        hkv, s = keys.shape[1], keys.shape[2]
+        n = q if last is None else min(last, q)
+        qg = queries[:, :, q - n :].float().reshape(b, hkv, hq // hkv, n, d)
+        logits = torch.einsum("bhgqd,bhsd->bhgqs", qg, keys.float()) * scaling
+        rows = torch.arange(q - n, q, device=keys.device) + (s - q)
+        masked = torch.arange(s, device=keys.device)[None, :] > rows[:, None]
+        logits = logits.masked_fill(masked, -math.inf)
+        return logits.softmax(dim=-1).reshape(b, hq, n, s)
+
+    # -- the update -------------------------------------------------------------------------------------------
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        layer: _BudgetedLayer = self.layers[layer_idx]
+        b, h, q, _ = key_states.shape
+        if not layer.is_initialized:
+            layer.lazy_initialization(key_states, value_states)
+            layer.keys = key_states.new_zeros((b, h, 0, key_states.shape[-1]))
+            layer.values = value_states.new_zeros((b, h, 0, value_states.shape[-1]))
+            layer.positions = torch.zeros((b, h, 0), dtype=torch.long, device=key_states.device)
+        new_pos = torch.arange(layer.seen, layer.seen + q, device=key_states.device).expand(b, h, q)
+        keys = torch.cat([layer.keys, key_states], dim=-2)
+        values = torch.cat([layer.values, value_states], dim=-2)
+        positions = torch.cat([layer.positions, new_pos], dim=-1)
+        layer.seen += q
+        pending = self._pending.pop(layer_idx, None)
+
+        policy = self.policy
+        kept_k, kept_v, kept_p = keys, values, positions
+        if policy.evicts:
+            queries = attention = None
+            if policy.needs_attention:
+                if pending is None:
+                    raise RuntimeError(
+                        f"{policy!r} needs the attention queries: run the model inside `with cache.attach(model):`"
+                    )
+                queries, scaling = pending
+                attention = self.attention_probs(queries, keys, scaling, policy.attention_queries)
+            scores = policy.score(layer_idx, keys, values, queries, attention)
+            s = keys.shape[-2]
+            if s > self.budget:
+                keep = self._select(scores, s)
+                keep_mask = torch.zeros((b, h, s), dtype=torch.bool, device=keys.device)
+                keep_mask.scatter_(-1, keep, True)
+                drop = (~keep_mask).nonzero()[:, 2].view(b, h, s - self.budget)
+                if self.on_evict is not None:
+                    self.on_evict(layer_idx, _gather(keys, drop), _gather(values, drop))
+                kept_k, kept_v, kept_p = (
+                    _gather(keys, keep),
+                    _gather(values, keep),
+                    positions.gather(-1, keep),
+                )
+                layer.evicted += s - self.budget
+                policy.prune(layer_idx, keep)
+        layer.keys, layer.values, layer.positions = kept_k, kept_v, kept_p
+        layer.peak_kept = max(layer.peak_kept, layer.kept)
+        self._bytes[layer_idx] = (
+            kept_k.numel() * kept_k.element_size() + kept_v.numel() * kept_v.element_size()
+        )
+        self.peak_bytes = max(self.peak_bytes, sum(self._bytes))
+        return keys, values
+
+    def _select(self, scores: Tensor, s: int) -> Tensor:
+        """Sorted slot indices ``[B, Hkv, budget]``: sinks, the top-scored middle, the recent window."""
+        sinks, window, budget = self.policy.sinks, self.policy.window, self.budget
+        if scores.shape[-1] != s:
+            raise ValueError(f"{self.policy!r}.score returned {scores.shape[-1]} scores for {s} slots")
+        dev = scores.device
+        b, h = scores.shape[:2]
+        top = scores[..., sinks : s - window].topk(budget - sinks - window, dim=-1).indices + sinks
+        fixed = torch.cat([torch.arange(sinks, device=dev), torch.arange(s - window, s, device=dev)])
+        keep = torch.cat([fixed.expand(b, h, -1), top], dim=-1)
+        return keep.sort(dim=-1).values
+
+
+def _gather(x: Tensor, idx: Tensor) -> Tensor:
+    return x.gather(2, idx.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))

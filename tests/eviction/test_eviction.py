@@ -1,0 +1,243 @@
+"""Budgeted KV cache and eviction policies (METHODS §11) on the tiny backbone."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from lightning_llm.eviction import (
+    H2O,
+    BudgetedCache,
+    EvictionPolicy,
+    FullCache,
+    SnapKV,
+    StreamingLLM,
+    generate_with_budget,
+)
+from lightning_llm.eviction.generate import _cache_kwarg
+
+PROMPT = 30
+
+
+@pytest.fixture(scope="module")
+def model(tiny_backbone):
+    torch.set_num_threads(1)
+    return tiny_backbone[0]
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(3, 500, (1, PROMPT), generator=g)  # no pad/eos ids: `generate` would mask them
+
+
+@pytest.fixture(scope="module")
+def eager_attentions(model, prompt):
+    """Attention probabilities ``[1, Hq, L, L]`` per layer of the full prompt, from transformers' eager path."""
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    with torch.no_grad():
+        return eager(prompt, output_attentions=True).attentions
+
+
+def _forward(model, cache, ids, start):
+    pos = torch.arange(start, start + ids.shape[1])[None]
+    with torch.no_grad(), cache.attach(model):
+        return model(input_ids=ids, position_ids=pos, use_cache=True, **{_cache_kwarg(model): cache}).logits
+
+
+def _group_sum(x, hkv=2):  # [B, Hq, S] -> [B, Hkv, S]; query heads i*G..(i+1)*G-1 share KV head i
+    return x.reshape(x.shape[0], hkv, -1, x.shape[-1]).sum(dim=2)
+
+
+def _streaming_keep(sinks, window, budget, s=PROMPT):
+    return torch.cat([torch.arange(sinks), torch.arange(s - (budget - sinks), s)])
+
+
+def _expected_keep(scores, sinks, window, budget):
+    s = scores.shape[-1]
+    top = scores[..., sinks : s - window].topk(budget - sinks - window, dim=-1).indices + sinks
+    fixed = torch.cat([torch.arange(sinks), torch.arange(s - window, s)]).expand(*scores.shape[:2], -1)
+    return torch.cat([fixed, top], dim=-1).sort(dim=-1).values
+
+
+@pytest.mark.parametrize("policy", [FullCache(), StreamingLLM(), H2O(), SnapKV()], ids=repr)
+def test_large_budget_reproduces_generate_exactly(model, prompt, policy):
+    calls = []
+    ref = model.generate(
+        prompt, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+    out = generate_with_budget(
+        model, prompt, policy=policy, budget=64, max_new_tokens=6, output_logits=True, memory=calls.append
+    )
+    assert torch.equal(out.sequences, ref.sequences)
+    assert torch.equal(out.logits, torch.stack(ref.logits, dim=1))
+    assert calls == []
+    for st in out.cache_stats:
+        assert (st.seen, st.kept, st.evicted, st.peak_kept) == (PROMPT + 5, PROMPT + 5, 0, PROMPT + 5)
+    assert out.peak_cache_bytes == 4 * 2 * (2 * (PROMPT + 5) * 32) * 4  # layers x (k, v) x Hkv*S*D x fp32
+
+
+@pytest.mark.parametrize(
+    "policy", [StreamingLLM(4, 8), H2O(4, 8), SnapKV(4, 8, observation_window=8, kernel_size=3)], ids=repr
+)
+def test_small_budget_accounting_and_on_evict(model, prompt, policy):
+    budget, steps = 16, 4
+    evicted = []
+    cache = BudgetedCache(policy, budget, num_layers=4, on_evict=lambda i, k, v: evicted.append((i, k, v)))
+    ids, seen = prompt, 0
+    full_ids = prompt
+    for step in range(steps):
+        before = [
+            cache.kept_positions(i) if seen else torch.zeros(1, 2, 0, dtype=torch.long) for i in range(4)
+        ]
+        n_calls = len(evicted)
+        logits = _forward(model, cache, ids, seen)
+        new = torch.arange(seen, seen + ids.shape[1]).expand(1, 2, -1)
+        seen += ids.shape[1]
+        for layer, st in enumerate(cache.stats()):
+            assert (st.seen, st.kept, st.evicted, st.peak_kept) == (seen, budget, seen - budget, budget)
+            kept = cache.kept_positions(layer)
+            assert kept.shape == (1, 2, budget) and bool((kept.diff(dim=-1) > 0).all())
+            assert bool((kept[..., :4] == torch.arange(4)).all())  # sinks
+            assert bool((kept[..., -8:] == torch.arange(seen - 8, seen)).all())  # recent window
+        # exactly one on_evict per layer, with the evicted tokens (previously kept + new, minus kept now)
+        calls = evicted[n_calls:]
+        assert [c[0] for c in calls] == [0, 1, 2, 3]
+        for layer, k, v in calls:
+            cand = torch.cat([before[layer], new], dim=-1)
+            gone = torch.stack(
+                [cand[0, h][~torch.isin(cand[0, h], cache.kept_positions(layer)[0, h])] for h in range(2)]
+            )[None]
+            assert k.shape == v.shape == (1, 2, gone.shape[-1], 32)
+            # the reference: a plain full-cache forward; its keys equal ours for layer 0 always (keys of layer 0
+            # depend on the token and position only) and for every layer at prefill (attention saw everything)
+            if layer == 0 or step == 0:
+                full = DynamicCache()
+                with torch.no_grad():
+                    model(full_ids, use_cache=True, **{_cache_kwarg(model): full})
+                idx = gone[..., None].expand(-1, -1, -1, 32)
+                torch.testing.assert_close(k, full.layers[layer].keys.gather(2, idx), rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(v, full.layers[layer].values.gather(2, idx), rtol=1e-5, atol=1e-5)
+        ids = logits[:, -1:].argmax(-1)
+        full_ids = torch.cat([full_ids, ids], dim=-1)
+    assert cache.peak_bytes == 4 * 2 * (2 * budget * 32) * 4
+
+
+def test_streaming_llm_positions_and_mask_match_masked_full_forward(model, prompt):
+    """After eviction, logits equal a full forward whose 4D mask hides exactly the evicted positions: this
+    proves RoPE positions and the shrunken-cache mask (incl. causality inside a multi-token chunk)."""
+    sinks, window, budget = 4, 8, 16
+    cache = BudgetedCache(StreamingLLM(sinks, window), budget, num_layers=4)
+    chunks = [prompt, torch.tensor([[7, 8, 9]]), torch.tensor([[11]]), torch.tensor([[12]])]
+    seq = torch.cat(chunks, dim=-1)
+    n = seq.shape[1]
+    allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    ours, seen = [], 0
+    for chunk in chunks:
+        visible = torch.ones(
+            n, dtype=torch.bool
+        )  # what this chunk's queries may see: kept + the chunk itself
+        if seen:
+            kept = cache.kept_positions(0)
+            for layer in range(4):  # StreamingLLM keeps the same positions on every layer and head
+                assert torch.equal(cache.kept_positions(layer), kept.expand(1, 2, -1))
+            expected = torch.cat([torch.arange(sinks), torch.arange(seen - (budget - sinks), seen)])
+            assert torch.equal(kept[0, 0], expected)
+            visible[:seen] = False
+            visible[kept[0, 0]] = True
+        rows = slice(seen, seen + chunk.shape[1])
+        allowed[rows] &= visible
+        ours.append(_forward(model, cache, chunk, seen)[0])
+        seen += chunk.shape[1]
+    mask = torch.zeros(1, 1, n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        ref = model(seq, attention_mask=mask).logits[0]
+    torch.testing.assert_close(torch.cat(ours), ref, rtol=1e-5, atol=1e-5)
+    # and eviction mattered: without the mask the logits after eviction differ
+    with torch.no_grad():
+        plain = model(seq).logits[0]
+    assert (plain[PROMPT:] - ref[PROMPT:]).abs().max() > 1e-3
+
+
+def test_h2o_keeps_heavy_hitters(model, prompt, eager_attentions):
+    sinks, window, budget = 4, 8, 16
+    policy = H2O(sinks, window)
+    cache = BudgetedCache(policy, budget, num_layers=4)
+    _forward(model, cache, prompt, 0)
+    for layer, attn in enumerate(eager_attentions):
+        scores = _group_sum(attn.sum(dim=2))  # mass received from every prompt query
+        keep = _expected_keep(scores, sinks, window, budget)
+        torch.testing.assert_close(policy._acc[layer], scores.gather(-1, keep), rtol=1e-4, atol=1e-5)
+        assert torch.equal(cache.kept_positions(layer), keep)
+        assert not torch.equal(keep[0, 0], _streaming_keep(sinks, window, budget))  # not trivially recency
+
+
+def test_snapkv_keeps_observation_window_votes(model, prompt, eager_attentions):
+    sinks, window, budget, obs, kernel = 4, 8, 16, 6, 3
+    cache = BudgetedCache(SnapKV(sinks, window, observation_window=obs, kernel_size=kernel), budget, 4)
+    _forward(model, cache, prompt, 0)
+    for layer, attn in enumerate(eager_attentions):
+        votes = _group_sum(attn[:, :, -obs:].sum(dim=2))[0]  # [Hkv, S]
+        padded = torch.nn.functional.pad(votes, (1, 1), value=-1.0)
+        pooled = torch.stack([padded[:, i : i + kernel].max(dim=-1).values for i in range(PROMPT)], dim=-1)
+        keep = _expected_keep(pooled[None], sinks, window, budget)
+        assert torch.equal(cache.kept_positions(layer), keep)
+        assert not torch.equal(keep[0, 0], _streaming_keep(sinks, window, budget))  # not trivially recency
+
+
+def test_errors(model, prompt):
+    with pytest.raises(ValueError, match="budget"):
+        generate_with_budget(model, prompt, policy=StreamingLLM(4, 8), budget=11, max_new_tokens=1)
+    with pytest.raises(ValueError, match="needs a budget"):
+        BudgetedCache(H2O(), None, num_layers=4)
+    with pytest.raises(ValueError, match="kernel_size"):
+        SnapKV(kernel_size=4)
+    with pytest.raises(TypeError, match="EvictionPolicy"):
+        BudgetedCache("h2o", 16, num_layers=4)
+    with pytest.raises(ValueError, match="unsupported model"):
+        generate_with_budget(torch.nn.Linear(2, 2), prompt, policy=H2O(), budget=32, max_new_tokens=1)
+
+    class Sliding(torch.nn.Module):
+        config = copy.deepcopy(model.config)
+
+    Sliding.config.layer_types = ["sliding_attention"] * 4
+    with pytest.raises(ValueError, match="unsupported model"):
+        generate_with_budget(Sliding(), prompt, policy=StreamingLLM(), budget=32, max_new_tokens=1)
+    with pytest.raises(NotImplementedError, match="padded"):
+        mask = torch.ones_like(prompt).index_fill_(1, torch.tensor([0]), 0)
+        generate_with_budget(model, prompt, mask, policy=H2O(), budget=32, max_new_tokens=1)
+    with pytest.raises(TypeError, match="num_beams"):
+        generate_with_budget(model, prompt, policy=H2O(), budget=32, max_new_tokens=1, num_beams=2)
+    with pytest.raises(RuntimeError, match="attach"):  # attention policy without the query hooks
+        cache = BudgetedCache(H2O(4, 8), 16, num_layers=4)
+        with torch.no_grad():
+            model(prompt, use_cache=True, **{_cache_kwarg(model): cache})
+    assert issubclass(StreamingLLM, EvictionPolicy)
+
+
+def test_sampling_and_eos(model, prompt):
+    g = torch.Generator().manual_seed(0)
+    out = generate_with_budget(
+        model,
+        prompt.repeat(2, 1),
+        policy=H2O(4, 8),
+        budget=16,
+        max_new_tokens=5,
+        do_sample=True,
+        temperature=0.8,
+        top_k=50,
+        top_p=0.9,
+        generator=g,
+    )
+    assert out.sequences.shape == (2, PROMPT + 5)
+    assert all(st.kept == 16 and st.seen == PROMPT + 4 for st in out.cache_stats)
+    first = generate_with_budget(model, prompt, policy=StreamingLLM(4, 8), budget=16, max_new_tokens=1)
+    eos = int(first.sequences[0, -1])
+    stopped = generate_with_budget(
+        model, prompt, policy=StreamingLLM(4, 8), budget=16, max_new_tokens=5, eos_token_id=eos
+    )
+    assert stopped.sequences.shape[1] == PROMPT + 1
