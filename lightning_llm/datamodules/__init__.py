@@ -3,6 +3,7 @@
 from lightning_llm.datamodules.activations import ActivationDataModule
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
 from lightning_llm.datamodules.forecasting import ForecastingDataModule
+from lightning_llm.datamodules.needle import NeedleDataModule
 from lightning_llm.datamodules.pcfg import PCFG, Constituent, PCFGDataModule
 from lightning_llm.datamodules.preference import (
     HoneypotPreferenceDataModule,
@@ -41,6 +42,7 @@ __all__ = [
     "HoneypotPreferenceDataModule",
     "HoneypotTask",
     "MultiHopQATask",
+    "NeedleDataModule",
     "PCFGDataModule",
     "PreferenceDataModule",
     "PreferencePair",

@@ -155,6 +155,11 @@ from lightning_llm.datamodules.tasks.forecasting import ForecastingTask  # noqa:
 from lightning_llm.datamodules.tasks.gameable import GameableTask  # noqa: E402
 from lightning_llm.datamodules.tasks.honeypot import HoneypotTask  # noqa: E402
 from lightning_llm.datamodules.tasks.length import LengthTask, WordCountTask  # noqa: E402
+from lightning_llm.datamodules.tasks.long_context import (  # noqa: E402
+    AssociativeRecallTask,
+    MultiKeyNeedleTask,
+    NeedleTask,
+)
 from lightning_llm.datamodules.tasks.multihop_qa import MultiHopQATask  # noqa: E402
 from lightning_llm.datamodules.tasks.puzzles import (  # noqa: E402
     FutoshikiTask,
@@ -168,6 +173,7 @@ from lightning_llm.datamodules.tasks.twenty_questions import TwentyQuestionsTask
 
 __all__ += [
     "ArithmeticTask",
+    "AssociativeRecallTask",
     "CopyTask",
     "ForecastingTask",
     "FutoshikiTask",
@@ -177,6 +183,8 @@ __all__ += [
     "LengthTask",
     "MiniSudokuTask",
     "MultiHopQATask",
+    "MultiKeyNeedleTask",
+    "NeedleTask",
     "Puzzle",
     "TwentyQuestionsTask",
     "WordCountTask",
