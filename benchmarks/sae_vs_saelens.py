@@ -1064,39 +1064,28 @@ def main(argv: list[str] | None = None) -> int:
         )
         ours, theirs = r["variants"]["ours"], r["variants"]["saelens"]
         peer = f"SAELens {SAELENS_ARCH[arch]} (SAETrainer)"
-        summary.append(
-            summary_row(
-                NAME,
-                f"SparseAutoencoderModule ({arch}, Lightning Trainer)",
-                peer,
-                f"training tokens/s, whole fit call (ours incl. Lightning startup) ({unit})",
-                ours["tokens_per_s"]["median"],
-                theirs["tokens_per_s"]["median"],
-                better="higher",
-            )
+        rows = (
+            ("training tokens/s, whole fit call (ours incl. Lightning startup)", "tokens_per_s", "higher"),
+            ("training tokens/s, steady state (median step interval)", "steady_state", "higher"),
+            ("held-out MSE per token, raw units, after training", "heldout", "lower"),
         )
-        summary.append(
-            summary_row(
-                NAME,
-                f"SparseAutoencoderModule ({arch}, Lightning Trainer)",
-                peer,
-                f"training tokens/s, steady state (median step interval) ({unit})",
-                ours["steady_state"]["tokens_per_s"],
-                theirs["steady_state"]["tokens_per_s"],
-                better="higher",
+        values = {
+            "tokens_per_s": lambda side: side["tokens_per_s"]["median"],
+            "steady_state": lambda side: side["steady_state"]["tokens_per_s"],
+            "heldout": lambda side: side["heldout"]["mse"],
+        }
+        for metric, key, better in rows:
+            summary.append(
+                summary_row(
+                    NAME,
+                    f"SparseAutoencoderModule ({arch}, Lightning Trainer)",
+                    peer,
+                    f"{metric} ({unit})",
+                    values[key](ours),
+                    values[key](theirs),
+                    better=better,
+                )
             )
-        )
-        summary.append(
-            summary_row(
-                NAME,
-                f"SparseAutoencoderModule ({arch}, Lightning Trainer)",
-                peer,
-                f"held-out MSE per token, raw units, after training ({unit})",
-                ours["heldout"]["mse"],
-                theirs["heldout"]["mse"],
-                better="lower",
-            )
-        )
     checks_ok = all(
         r["checks"]["initial_sae"]["equal"]
         and r["checks"]["batches"]["identical"]
