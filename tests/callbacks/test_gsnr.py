@@ -108,7 +108,7 @@ def test_state_dict_round_trip_mid_window_resumes_identically():
     torch.save(first.state_dict(), buffer)  # as in a checkpoint
     buffer.seek(0)
     resumed = GradientSNRMonitor(window=4)
-    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
     assert resumed.count == 2
     for step in range(2, 4):
         _set_grads(module, step)

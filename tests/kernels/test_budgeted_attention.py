@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 import sys
 
 import pytest
@@ -27,8 +26,6 @@ from lightning_llm.kernels.budgeted_attention import MEMORY_EPS, _budgeted_atten
 # The package re-exports the function, so `import ... as` could pick it up; take the module itself.
 ba = importlib.import_module("lightning_llm.kernels.budgeted_attention")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-_TRITON_RUNS = triton_available() and (DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
-needs_triton = pytest.mark.skipif(not _TRITON_RUNS, reason="needs triton with CUDA or TRITON_INTERPRET=1")
 
 # Max |ours - expected| as a fraction of max(|expected|, 1) over the tensor (``_assert_close``).
 # float64 (reference only): summation order alone.
@@ -153,7 +150,7 @@ TRITON_CASES = [
 ]
 
 
-@needs_triton
+@pytest.mark.triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: f"{_case_id(c[:7])}-blk{c[7]}")
 def test_triton_matches_truth_and_reference(case, dtype):
@@ -164,7 +161,7 @@ def test_triton_matches_truth_and_reference(case, dtype):
     _assert_close(got, want, TOLERANCE[dtype], f"triton vs reference ({dtype})")
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_no_memory_or_zero_gate_is_exactly_plain_attention(backend):
     """The readout is exactly zero without memory or with gate 0 (METHODS: zero when nothing is evicted)."""
     kwargs = _inputs(2, 4, 2, 7, 16, torch.float32, memory=True, gate="batch")
@@ -202,7 +199,7 @@ def test_reference_equals_sdpa_when_nothing_is_evicted(kv_heads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_strided_inputs_and_empty_batch(backend):
     """Views (a slice of a larger cache, permuted queries, an expanded gate) give the contiguous result."""
     kwargs = _inputs(2, 4, 2, 7, 5, torch.float32, memory=True, gate="heads")
@@ -222,7 +219,7 @@ def test_strided_inputs_and_empty_batch(backend):
     assert _budgeted_attention(q0, k0, k0, lengths0, _backend=backend).shape == (0, 4, 5)
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_out_of_range_lengths(backend):
     """The reference rejects lengths outside [0, S]; the kernel clamps them (no host sync to check)."""
     kwargs = _inputs(1, 2, 2, 7, 5, torch.float32)

@@ -23,8 +23,6 @@ from lightning_llm.kernels.fused_linear_logprobs import _fused_linear_logprobs, 
 # The package re-exports the function under the module's own name, so `import ... as` would give the function.
 flp = importlib.import_module("lightning_llm.kernels.fused_linear_logprobs")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-_TRITON_RUNS = triton_available() and (DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
-needs_triton = pytest.mark.skipif(not _TRITON_RUNS, reason="needs triton with CUDA or TRITON_INTERPRET=1")
 
 # Max |ours - float64 truth| as a fraction of the largest |truth| in that tensor (``_assert_close``).
 # fp32: all reductions in fp32 without cancellation; observed <= 1.3e-6 over this file's cases.
@@ -116,7 +114,7 @@ def test_reference_matches_float64(shape, temperature, dtype):
     _check_against_truth(shape, temperature, dtype, backend="torch")
 
 
-@needs_triton
+@pytest.mark.triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N{}-V{}-H{}-C{}".format(*s))
@@ -124,7 +122,7 @@ def test_triton_matches_float64(shape, temperature, dtype):
     _check_against_truth(shape, temperature, dtype, backend="triton")
 
 
-@needs_triton
+@pytest.mark.triton
 @pytest.mark.parametrize(
     ("vocab", "block_v", "logit_scale", "dtype"),
     [
@@ -149,7 +147,7 @@ def test_triton_multi_block_rows(vocab, block_v, logit_scale, dtype):
     )
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_leading_dims_and_default_chunk(backend):
     """``[B, T, H]`` hidden with ``[B, T]`` targets, default chunk size: same as the flattened call."""
     h, w, y, g_lp, g_ent = _inputs(2 * 5, 37, 16, torch.float32)
@@ -165,7 +163,7 @@ def test_leading_dims_and_default_chunk(backend):
     _assert_close(grad_w, ref_grad_w, torch.float32, "grad weight")
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_non_contiguous_inputs(backend):
     """Transposed hidden, a column-strided weight and strided targets give the contiguous results."""
     h, w, y, g_lp, g_ent = _inputs(6, 37, 8, torch.float32)
@@ -460,7 +458,7 @@ DYNAMICS_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 @pytest.mark.parametrize(
     ("case", "dtype"), DYNAMICS_CASES, ids=lambda v: str(v).replace("torch.", "").replace(" ", "")
 )
@@ -497,7 +495,7 @@ def test_dynamics_match_float64(case, dtype, backend):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_dynamics_leave_outputs_and_grads_unchanged(backend, dtype):
     """logprobs, entropy and both gradients are bitwise those of the default call; S and N are detached."""
     h, w, y, g_lp, g_ent = _inputs(10, 257, 16, dtype)

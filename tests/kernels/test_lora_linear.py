@@ -25,8 +25,6 @@ from lightning_llm.kernels.lora_linear import MAX_TRITON_RANK, _lora_linear
 # The package re-exports the function under the module's own name, so `import ... as` would give the function.
 ll = importlib.import_module("lightning_llm.kernels.lora_linear")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-_TRITON_RUNS = triton_available() and (DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
-needs_triton = pytest.mark.skipif(not _TRITON_RUNS, reason="needs triton with CUDA or TRITON_INTERPRET=1")
 
 # Max |ours - expected| as a fraction of max(|expected|, 1) over the tensor (``_assert_close``).
 # float64 (reference only): summation order alone.
@@ -184,7 +182,7 @@ TRITON_CASES = [
 ]
 
 
-@needs_triton
+@pytest.mark.triton
 @pytest.mark.parametrize(
     "case",
     TRITON_CASES,
@@ -203,7 +201,7 @@ def test_triton_matches_truth_and_reference(case):
         _assert_close(got[name], want[name], dtype, f"triton vs reference {name}")
 
 
-@needs_triton
+@pytest.mark.triton
 @pytest.mark.parametrize("n_out", [50, 0])
 def test_triton_stores_t(n_out):
     """The op's second output ``t = x Aᵀ`` (fp32) is complete, also with several column tiles and none."""
@@ -214,7 +212,7 @@ def test_triton_stores_t(n_out):
     _assert_close(t, args[0].double() @ args[2].double().T, torch.float32, "t")
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_non_contiguous_inputs(backend):
     """Transposed ``x`` and ``A``, a column-strided ``weight`` and a broadcast upstream gradient (strides 0,
     as ``y.sum(0)`` produces) give the contiguous results."""
@@ -239,7 +237,7 @@ def test_non_contiguous_inputs(backend):
         _assert_close(got[name], want[name], torch.float32, name)
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_empty_token_dim(backend):
     tensors, _ = _inputs((0, 3), 8, 5, 2, torch.float32)
     y = _lora_linear(

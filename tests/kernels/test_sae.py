@@ -11,7 +11,6 @@ one row; d = 67 five column tiles, the last with 3 columns).
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import pytest
@@ -25,8 +24,6 @@ from lightning_llm.kernels.sae import _jumprelu, _sparse_decode, _topk_encode
 # The package re-exports functions, so `import ... as` could pick up a function; take the module itself.
 sae = importlib.import_module("lightning_llm.kernels.sae")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-_TRITON_RUNS = triton_available() and (DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
-needs_triton = pytest.mark.skipif(not _TRITON_RUNS, reason="needs triton with CUDA or TRITON_INTERPRET=1")
 
 # Max |ours - expected| as a fraction of max(|expected|, 1) over the tensor (``_assert_close``), for
 # sparse_decode and topk_encode.
@@ -162,7 +159,7 @@ DECODE_TRITON_CASES = [
 ]
 
 
-@needs_triton
+@pytest.mark.triton
 @pytest.mark.parametrize(
     "case",
     DECODE_TRITON_CASES,
@@ -178,7 +175,7 @@ def test_decode_triton_matches_truth_and_reference(case):
         _assert_close(got[name], want[name], TOLERANCE[dtype], f"triton vs reference {name}")
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_decode_strided_inputs(backend):
     """A transposed weight, strided values/indices and a broadcast upstream gradient (strides 0, as
     ``out.sum(0)`` produces) give the contiguous results."""
@@ -288,7 +285,7 @@ ENCODE_TRITON_CASES = [
 ]
 
 
-@needs_triton
+@pytest.mark.triton
 @pytest.mark.parametrize(
     "case", ENCODE_TRITON_CASES, ids=lambda c: "N{}-d{}-M{}-k{}-{}-blk{}".format(*c).replace("torch.", "")
 )
@@ -366,7 +363,7 @@ HAND_GRAD_THETA = {
     [
         ("torch", torch.float64),
         ("torch", torch.float32),
-        pytest.param("triton", torch.float32, marks=needs_triton),
+        pytest.param("triton", torch.float32, marks=pytest.mark.triton),
     ],
 )
 @pytest.mark.parametrize("through", ["both", "acts", "l0"])
@@ -464,7 +461,7 @@ JUMPRELU_TRITON_CASES = [
 ]
 
 
-@needs_triton
+@pytest.mark.triton
 @pytest.mark.parametrize(
     "case", JUMPRELU_TRITON_CASES, ids=lambda c: "N{}-M{}-{}-blk{}".format(*c).replace("torch.", "")
 )
@@ -483,7 +480,7 @@ def test_jumprelu_triton_matches_equations_and_reference(case):
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_empty_token_dim(backend):
     tensors, _ = _decode_inputs((0, 3), 5, 13, 4, torch.float32)
     out = _sparse_decode(*tensors.values(), _backend=backend)
