@@ -3,6 +3,8 @@
 from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, FullCache, LayerStats
 from lightning_llm.eviction.generate import GenerationResult, generate_with_budget
 from lightning_llm.eviction.h2o import H2O
+from lightning_llm.eviction.indexer import IndexerPolicy, LightningIndexer, indexer_kl
+from lightning_llm.eviction.memory import LatentMemory, memory_readout
 from lightning_llm.eviction.snapkv import SnapKV
 from lightning_llm.eviction.streaming_llm import StreamingLLM
 
@@ -12,8 +14,13 @@ __all__ = [
     "EvictionPolicy",
     "FullCache",
     "GenerationResult",
+    "IndexerPolicy",
+    "LatentMemory",
     "LayerStats",
+    "LightningIndexer",
     "SnapKV",
     "StreamingLLM",
     "generate_with_budget",
+    "indexer_kl",
+    "memory_readout",
 ]

@@ -47,7 +47,15 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-__all__ = ["BudgetedCache", "EvictionPolicy", "FullCache", "LayerStats", "OnEvict", "check_model"]
+__all__ = [
+    "BudgetedCache",
+    "EvictionPolicy",
+    "FullCache",
+    "LayerStats",
+    "OnEvict",
+    "check_model",
+    "rotated_queries",
+]
 
 #: ``on_evict(layer_idx, keys, values)``: keys/values ``[B, Hkv, n_evicted, D]`` in original order.
 OnEvict = Callable[[int, Tensor, Tensor], None]
@@ -89,6 +97,10 @@ class EvictionPolicy(ABC):
     def reset(self) -> None:
         """Forget per-generation state (no-op for stateless policies)."""
         return None
+
+    def attach(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Context in which the policy may hook ``model`` (entered by :meth:`BudgetedCache.attach`); default none."""
+        return contextlib.nullcontext()
 
     def prune(self, layer_idx: int, keep: Tensor) -> None:
         """The cache kept slots ``keep`` ``[B, Hkv, budget]`` (sorted indices into the scored slots)."""
@@ -190,6 +202,23 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rotated_queries(module: torch.nn.Module, args: tuple, kwargs: dict) -> Tensor:
+    """The RoPE-rotated query states ``[B, Hq, q, D]`` an HF attention module computes from the inputs it is called
+    with (a forward pre-hook's ``args``/``kwargs``): its own ``q_proj``, ``q_norm`` where present, and the
+    ``position_embeddings`` it receives."""
+    hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+    pos_emb = kwargs.get("position_embeddings")
+    if pos_emb is None:
+        pos_emb = args[1]
+    cos, sin = pos_emb
+    q = module.q_proj(hidden).view(*hidden.shape[:-1], -1, module.head_dim)
+    if getattr(module, "q_norm", None) is not None:
+        q = module.q_norm(q)
+    q = q.transpose(1, 2)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + _rotate_half(q) * sin
+
+
 class BudgetedCache(DynamicCache):
     """A ``DynamicCache`` that keeps at most ``budget`` tokens per layer, chosen by ``policy``.
 
@@ -248,25 +277,18 @@ class BudgetedCache(DynamicCache):
             for module in modules.values():
                 handles.append(module.register_forward_pre_hook(self._capture_queries, with_kwargs=True))
         try:
-            yield self
+            with self.policy.attach(model):
+                yield self
         finally:
             for h in handles:
                 h.remove()
             self._pending.clear()
 
     def _capture_queries(self, module, args, kwargs) -> None:
-        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        pos_emb = kwargs.get("position_embeddings")
-        if pos_emb is None:
-            pos_emb = args[1]
-        cos, sin = pos_emb
-        q = module.q_proj(hidden).view(*hidden.shape[:-1], -1, module.head_dim)
-        if getattr(module, "q_norm", None) is not None:
-            q = module.q_norm(q)
-        q = q.transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * cos + _rotate_half(q) * sin
-        self._pending[int(module.layer_idx)] = (q.detach(), float(module.scaling))
+        self._pending[int(module.layer_idx)] = (
+            rotated_queries(module, args, kwargs).detach(),
+            float(module.scaling),
+        )
 
     @staticmethod
     def attention_probs(queries: Tensor, keys: Tensor, scaling: float, last: int | None = None) -> Tensor:

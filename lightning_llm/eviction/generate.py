@@ -7,6 +7,7 @@ position arithmetic), which changes between transformers releases and assumes ke
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
@@ -80,7 +81,9 @@ def generate_with_budget(
 
     ``memory``: the hook for a latent memory (METHODS §11): an object with ``on_evict(layer_idx, keys, values)``
     (or such a callable), called with exactly the evicted keys/values ``[B, Hkv, n, D]`` (RoPE applied, original
-    order) each time a layer evicts; ``None`` drops them. ``generate_kwargs``: ``temperature``, ``top_k``,
+    order) each time a layer evicts; ``None`` drops them. A memory with ``reset()`` is reset first, and one with
+    ``attach(model)`` (a context manager, e.g. :class:`~lightning_llm.eviction.LatentMemory`) is entered around
+    the forwards so that it can add its readout. ``generate_kwargs``: ``temperature``, ``top_k``,
     ``top_p``, ``generator`` (sampling), ``eos_token_id`` (int or list; finished rows are filled with
     ``pad_token_id``, default the first eos id), ``output_logits``; anything else is a ``TypeError``.
 
@@ -107,7 +110,10 @@ def generate_with_budget(
     sequences, step_logits = input_ids, []
     finished = torch.zeros(bsz, dtype=torch.bool, device=device)
     next_input = input_ids
-    with eval_mode(model), cache.attach(model):
+    if hasattr(memory, "reset"):
+        memory.reset()
+    readout = memory.attach(model) if hasattr(memory, "attach") else contextlib.nullcontext()
+    with eval_mode(model), cache.attach(model), readout:
         for _ in range(max_new_tokens):
             seen = cache.get_seq_length()
             positions = torch.arange(seen, seen + next_input.shape[1], device=device).expand(bsz, -1)

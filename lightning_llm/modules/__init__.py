@@ -3,6 +3,7 @@
 from lightning_llm.modules.causal_lm import CausalLMModule
 from lightning_llm.modules.dpo import DPOModule, dpo_loss, sequence_logprobs
 from lightning_llm.modules.grpo import GRPOModule
+from lightning_llm.modules.indexmem import IndexMemModule
 from lightning_llm.modules.latent_thoughts import LatentThoughtsModule, fuse_latent, latent_collapse
 from lightning_llm.modules.lora import (
     LoRAConfig,
@@ -18,6 +19,7 @@ __all__ = [
     "CausalLMModule",
     "DPOModule",
     "GRPOModule",
+    "IndexMemModule",
     "LatentThoughtsModule",
     "LoRAConfig",
     "LoRALinear",

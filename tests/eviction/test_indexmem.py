@@ -1,0 +1,251 @@
+"""Learned indexer, latent memory and IndexMemModule (METHODS §11) on the tiny backbone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_llm.eviction import (
+    BudgetedCache,
+    IndexerPolicy,
+    LatentMemory,
+    LightningIndexer,
+    generate_with_budget,
+    indexer_kl,
+    memory_readout,
+)
+from lightning_llm.eviction.generate import _cache_kwarg
+from lightning_llm.kernels.budgeted_attention import budgeted_attention, phi
+
+PROMPT = 30
+
+
+@pytest.fixture(scope="module")
+def model(tiny_backbone):
+    torch.set_num_threads(1)
+    return tiny_backbone[0]
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(3, 500, (1, PROMPT), generator=g)
+
+
+@pytest.fixture(scope="module")
+def indexers(model):
+    torch.manual_seed(0)
+    return torch.nn.ModuleList(LightningIndexer(model.config.hidden_size, heads=3, dim=8) for _ in range(4))
+
+
+@pytest.fixture
+def memory(model):
+    torch.manual_seed(1)
+    mem = LatentMemory.for_model(model, gate_bias=0.0)
+    for gate in mem.gates:  # a data-dependent gate, so the test sees the gate's input too
+        torch.nn.init.normal_(gate.weight, std=0.1)
+    return mem
+
+
+def test_indexer_scores_formula_and_causality(indexers):
+    torch.manual_seed(0)
+    idx = indexers[0]
+    h = torch.randn(2, 5, idx.query.in_features)
+    keys = idx.keys(h)
+    scores = idx.scores(h, keys, causal_offset=0)
+    q = idx.query(h).view(2, 5, idx.heads, idx.dim)
+    w = idx.weight(h)
+    for t in range(5):
+        for s in range(5):
+            want = sum(
+                w[:, t, j] * torch.relu(q[:, t, j] @ keys[:, s].T).diagonal() * idx.dim**-0.5
+                for j in range(idx.heads)
+            )
+            if s > t:
+                assert bool(torch.isinf(scores[:, t, s]).all())
+            else:
+                torch.testing.assert_close(scores[:, t, s], want, rtol=1e-5, atol=1e-6)
+
+
+def test_indexer_kl_zero_on_match_and_positive_otherwise():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 6)
+    p = logits.softmax(-1)
+    assert indexer_kl(logits, p).abs().item() < 1e-6
+    assert indexer_kl(torch.zeros_like(logits), p).item() > 0.01
+    # masked-out keys (probability 0, score -inf) contribute nothing
+    masked = logits.clone()
+    masked[..., -1] = float("-inf")
+    p0 = masked.softmax(-1)
+    assert indexer_kl(masked, p0).abs().item() < 1e-6
+
+
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_large_budget_indexer_and_memory_reproduce_generate_exactly(
+    model, prompt, indexers, memory, accumulate
+):
+    ref = model.generate(
+        prompt, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+    policy = IndexerPolicy(indexers, sinks=4, window=8, accumulate=accumulate)
+    out = generate_with_budget(
+        model, prompt, policy=policy, budget=64, max_new_tokens=6, output_logits=True, memory=memory
+    )
+    assert torch.equal(out.sequences, ref.sequences)
+    assert torch.equal(out.logits, torch.stack(ref.logits, dim=1))
+    assert memory.evicted_tokens == 0 and all(memory.state(i) is None for i in range(4))
+    assert policy.key_cache_bytes == 4 * (PROMPT + 5) * 8 * 4
+
+
+def test_memory_state_is_the_fold_of_exactly_the_evicted_tokens(model, prompt, indexers, memory):
+    seen = []
+
+    def record(layer, k, v):
+        seen.append((layer, k.clone(), v.clone()))
+        memory.on_evict(layer, k, v)
+
+    policy = IndexerPolicy(indexers, sinks=2, window=4)
+    cache = BudgetedCache(policy, 12, num_layers=4, on_evict=record)
+    ids, start = prompt, 0
+    with torch.no_grad(), cache.attach(model), memory.attach(model):
+        for _ in range(3):
+            pos = torch.arange(start, start + ids.shape[1])[None]
+            logits = model(
+                input_ids=ids, position_ids=pos, use_cache=True, **{_cache_kwarg(model): cache}
+            ).logits
+            start += ids.shape[1]
+            ids = logits[:, -1:].argmax(-1)
+    for layer in range(4):
+        ks = torch.cat([k for i, k, _ in seen if i == layer], dim=2)
+        vs = torch.cat([v for i, _, v in seen if i == layer], dim=2)
+        assert ks.shape[2] == cache.stats()[layer].evicted == start - 12
+        s, z = memory.state(layer)
+        torch.testing.assert_close(s, torch.einsum("bhnf,bhnd->bhfd", phi(ks), vs), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(z, phi(ks).sum(2), rtol=1e-5, atol=1e-5)
+    assert memory.evicted_tokens == start - 12
+    # every kept set is the same for the KV heads (indexer scores are shared by the heads of a layer)
+    for layer in range(4):
+        kept = cache.kept_positions(layer)
+        assert torch.equal(kept[:, 0], kept[:, 1])
+    assert policy.key_cache_bytes == 4 * 12 * 8 * 4
+
+
+def test_memory_readout_matches_the_kernel_reference():
+    torch.manual_seed(0)
+    b, hq, hkv, d = 2, 4, 2, 8
+    q = torch.randn(b, hq, 1, d)
+    keys, values = torch.randn(b, hkv, 7, d), torch.randn(b, hkv, 7, d)
+    s = torch.einsum("bhnf,bhnd->bhfd", phi(keys), values)
+    z = phi(keys).sum(2)
+    gate = torch.rand(b, hq)
+    ours = memory_readout(q, s, z)[:, :, 0] * gate[..., None]
+    expand = hq // hkv
+    ref = budgeted_attention(
+        q[:, :, 0],
+        torch.zeros(b, hkv, 1, d),
+        torch.zeros(b, hkv, 1, d),
+        torch.zeros(b, hkv, dtype=torch.long),  # no kept slots: the kernel returns only the memory readout
+        memory_state=s.repeat_interleave(expand, dim=1),
+        memory_norm=z.repeat_interleave(expand, dim=1),
+        gate=gate,
+    )
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_memory_changes_the_output_only_after_eviction(model, prompt, indexers, memory):
+    policy = IndexerPolicy(indexers, sinks=2, window=4)
+    with_mem = generate_with_budget(
+        model, prompt, policy=policy, budget=12, max_new_tokens=3, output_logits=True, memory=memory
+    )
+    without = generate_with_budget(
+        model, prompt, policy=policy, budget=12, max_new_tokens=3, output_logits=True
+    )
+    # the first token comes from the prefill, before anything was evicted: identical
+    assert torch.equal(with_mem.logits[:, 0], without.logits[:, 0])
+    assert not torch.allclose(with_mem.logits[:, 1:], without.logits[:, 1:])
+
+
+def test_indexer_policy_errors(model, prompt, indexers):
+    with pytest.raises(ValueError, match="one indexer per layer"):
+        IndexerPolicy([])
+    with pytest.raises(ValueError, match="observation_window"):
+        IndexerPolicy(indexers, observation_window=0)
+    with pytest.raises(ValueError, match="3 indexers"):
+        generate_with_budget(
+            model, prompt, policy=IndexerPolicy(list(indexers)[:3]), budget=24, max_new_tokens=1
+        )
+    cache = BudgetedCache(IndexerPolicy(indexers), 24, num_layers=4)
+    with pytest.raises(RuntimeError, match="attach"), torch.no_grad():
+        model(input_ids=prompt, use_cache=True, **{_cache_kwarg(model): cache})
+
+
+def _needle_data(seed: int = 0):
+    from lightning_llm.datamodules.needle import NeedleDataModule
+
+    return NeedleDataModule(
+        task="needle",
+        task_kwargs={"haystack_words": 24, "value_digits": 1},
+        num_train=64,
+        num_val=8,
+        batch_size=4,
+        seed=seed,
+    )
+
+
+def test_indexmem_module_trains_the_indexer_and_gates_only(quiet_trainer):
+    from lightning_llm.modules import IndexMemModule
+
+    torch.manual_seed(0)
+    module = IndexMemModule("tiny", budget=12, sinks=2, window=4, lr=1e-2)
+    frozen = {k: v.clone() for k, v in module.model.state_dict().items()}
+    dm = _needle_data()
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    before = {k: v.detach() for k, v in module._losses(batch).items()}
+    gates = [g.weight.clone() for g in module.memory.gates]
+    quiet_trainer(max_steps=30).fit(module, dm)
+    after = module._losses(batch)
+    assert after["indexer"].item() < 0.7 * before["indexer"].item()
+    assert before["memory"].item() > 0 and torch.isfinite(after["memory"])
+    assert all(not torch.equal(a, g.weight) for a, g in zip(gates, module.memory.gates, strict=True))
+    for k, v in module.model.state_dict().items():
+        assert torch.equal(v, frozen[k]), k
+
+
+def test_indexmem_save_load_and_resume_exact(tmp_path, quiet_trainer):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_llm.modules import IndexMemModule
+
+    def make():
+        torch.manual_seed(0)
+        return IndexMemModule("tiny", budget_ratio=0.5, sinks=2, window=4, indexer_dim=8)
+
+    straight = make()
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    quiet_trainer(max_steps=6, callbacks=[saver], enable_checkpointing=True).fit(straight, _needle_data())
+    resumed = make()
+    quiet_trainer(max_steps=6).fit(resumed, _needle_data(), ckpt_path=str(tmp_path / "step=3.ckpt"))
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    assert torch.load(tmp_path / "step=3.ckpt", weights_only=True)["hyper_parameters"]["indexer_dim"] == 8
+
+    straight.save_pretrained(tmp_path / "artefact")
+    loaded = IndexMemModule.from_pretrained(tmp_path / "artefact")
+    assert loaded.hparams.indexer_dim == 8 and loaded.hparams.budget_ratio == 0.5
+    for a, b in zip(straight.indexers.parameters(), loaded.indexers.parameters(), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(straight.memory.parameters(), loaded.memory.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert loaded.budget_for(100) == 50 and loaded.budget_for(8) == 6
+
+
+def test_indexmem_module_errors():
+    from lightning_llm.modules import IndexMemModule
+
+    with pytest.raises(ValueError, match="budget"):
+        IndexMemModule("tiny", budget=4, sinks=4, window=8)
+    with pytest.raises(ValueError, match="budget_ratio"):
+        IndexMemModule("tiny", budget_ratio=0.0)
+    with pytest.raises(ValueError, match="not both 0"):
+        IndexMemModule("tiny", indexer_weight=0.0, memory_weight=0.0)
