@@ -22,6 +22,7 @@ CONFIGS = [
     "dpo_honeypot.yaml",
     "lt_tuning.yaml",
     "sae_fast.yaml",
+    "indexmem.yaml",
 ]
 
 

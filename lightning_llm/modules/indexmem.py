@@ -76,6 +76,7 @@ class IndexMemModule(L.LightningModule):
         gate_bias: initial memory-gate logit.
         indexer_weight, memory_weight: ``λ_I``, ``λ_M``; ``memory_weight=0`` trains the indexer alone.
         lr, weight_decay, betas: AdamW over the indexers and gates.
+        save_dir: if set, :meth:`save_pretrained` writes the indexers and gates there at the end of ``fit``.
         trust_remote_code: allow a checkpoint's own Python code. Off by default.
     """
 
@@ -98,6 +99,7 @@ class IndexMemModule(L.LightningModule):
         lr: float = 3e-3,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.99),
+        save_dir: str | None = None,
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
@@ -277,6 +279,11 @@ class IndexMemModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if any(p.requires_grad for p in self.model.parameters()):
             rank_zero_warn("IndexMemModule: backbone parameters require grad; they are not optimised")
+
+    @override
+    def on_fit_end(self) -> None:
+        if self.hparams.save_dir and self.trainer.is_global_zero:
+            self.save_pretrained(self.hparams.save_dir)
 
     # ------------------------------------------------------------------------------------------- artefacts
 
