@@ -133,13 +133,32 @@ def load_backbone(
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     with _quiet_progress(name_or_path == TINY):
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, **model_kwargs
-        )
+        if _is_nonuniform_pruned_moe(path):
+            # an MoE whose layers keep different numbers of experts (ExpertPruning): the config alone cannot
+            # describe it, so a plain from_pretrained would fail on the size mismatches
+            from lightning_llm.pruning.experts import load_pruned_moe
+
+            model = load_pruned_moe(path, dtype=dtype, trust_remote_code=trust_remote_code, **model_kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, trust_remote_code=trust_remote_code, **model_kwargs
+            )
     tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def _is_nonuniform_pruned_moe(path: str) -> bool:
+    """Whether a local checkpoint directory holds an expert-pruned MoE with different expert counts per layer."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        record = json.loads(config.read_text()).get("expert_pruning") or {}
+    except (json.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(record, dict) and record.get("uniform", True) is False
 
 
 # --------------------------------------------------------------------------------------------- tiny build
