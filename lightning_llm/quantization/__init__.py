@@ -1,0 +1,42 @@
+"""Weight quantisation: random Hadamard incoherence processing and 2-bit trellis-coded quantisation.
+
+Proteus / QTIP-style trellis quantizer core (issue 8, part 1): :mod:`.hadamard` (incoherence processing),
+:mod:`.codes` (lookup-free computed codes), :mod:`.trellis` (bitshift trellis, tail-biting Viterbi, packing)
+and :mod:`.quantize` (whole matrices, RTN baseline).
+"""
+
+from .codes import (
+    MULBAL_CANDIDATES,
+    MulBalCode,
+    OneMADCode,
+    TableCode,
+    ThreeInstCode,
+    TrellisCode,
+    make_code,
+)
+from .hadamard import RandomHadamard, fwht, incoherence_process, incoherence_unprocess
+from .quantize import QuantizedMatrix, dequantize, quantize_matrix
+from .trellis import brute_force, decode_packed, decode_states, pack, unpack, viterbi
+
+__all__ = [
+    "MULBAL_CANDIDATES",
+    "MulBalCode",
+    "OneMADCode",
+    "QuantizedMatrix",
+    "RandomHadamard",
+    "TableCode",
+    "ThreeInstCode",
+    "TrellisCode",
+    "brute_force",
+    "decode_packed",
+    "decode_states",
+    "dequantize",
+    "fwht",
+    "incoherence_process",
+    "incoherence_unprocess",
+    "make_code",
+    "pack",
+    "quantize_matrix",
+    "unpack",
+    "viterbi",
+]
