@@ -6,6 +6,8 @@ tokenizer trained on a corpus shipped inside the package (digits split one per t
 arithmetic is learnable) and a small randomly initialised Llama-style decoder. It is deterministic from its
 recipe, cached under ``$LIGHTNING_LLM_HOME`` (default ``~/.cache/lightning_llm``), and every cached file is
 checked against a manifest of SHA-256 digests on load, so a partial or corrupt cache is rebuilt, never used.
+``"tiny-moe"`` is its sparse-MoE sibling (a random 4-layer × 8-expert top-2 Mixtral with the same tokenizer,
+:func:`~lightning_llm.pruning.build_tiny_moe`), cached the same way, for expert-pruning studies.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,9 +30,19 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["TINY", "TinyRecipe", "eval_mode", "lightning_llm_home", "load_backbone", "load_tokenizer"]
+__all__ = [
+    "TINY",
+    "TINY_MOE",
+    "TinyMoERecipe",
+    "TinyRecipe",
+    "eval_mode",
+    "lightning_llm_home",
+    "load_backbone",
+    "load_tokenizer",
+]
 
 TINY = "tiny"
+TINY_MOE = "tiny-moe"
 
 #: Added tokens of the tiny tokenizer. The first three are control tokens (dropped by
 #: ``decode(skip_special_tokens=True)``); the tags are ordinary added tokens so decoded text keeps them.
@@ -78,6 +90,25 @@ class TinyRecipe:
         return f"tiny-v{self.version}-{digest}"
 
 
+@dataclass(frozen=True)
+class TinyMoERecipe:
+    """Everything that determines the tiny MoE (``build_tiny_moe``'s arguments); with the tokenizer's recipe, the key."""
+
+    version: int = 1
+    arch: str = "mixtral"
+    num_experts: int = 8
+    top_k: int = 2
+    layers: int = 4
+    hidden: int = 64
+    expert_intermediate: int = 128
+    seed: int = 0
+
+    def key(self) -> str:
+        record = {**asdict(self), "tokenizer": TinyRecipe().key()}
+        digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
+        return f"tiny-moe-v{self.version}-{digest}"
+
+
 def lightning_llm_home() -> Path:
     """Cache root: ``$LIGHTNING_LLM_HOME`` or ``~/.cache/lightning_llm``."""
     return Path(os.environ.get("LIGHTNING_LLM_HOME", Path.home() / ".cache" / "lightning_llm")).expanduser()
@@ -87,6 +118,8 @@ def _resolve(name_or_path: str) -> str:
     """The tiny cache directory, a local directory, or a hub id; a missing local path fails here, clearly."""
     if name_or_path == TINY:
         return str(_tiny_dir())
+    if name_or_path == TINY_MOE:
+        return str(_tiny_dir(TinyMoERecipe(), _build_tiny_moe))
     looks_local = name_or_path.startswith(("/", "./", "../", "~")) or Path(name_or_path).exists()
     if looks_local and not Path(name_or_path).expanduser().is_dir():
         raise FileNotFoundError(f"backbone directory {name_or_path!r} does not exist")
@@ -119,8 +152,8 @@ def load_backbone(
     """Return ``(model, tokenizer)`` for a causal LM.
 
     Args:
-        name_or_path: ``"tiny"`` (embedded, offline), a Hugging Face model id, or a local directory written
-            by ``save_pretrained``.
+        name_or_path: ``"tiny"`` (embedded, offline), ``"tiny-moe"`` (its MoE sibling), a Hugging Face model
+            id, or a local directory written by ``save_pretrained``.
         dtype: parameter dtype (``torch.bfloat16``, ``"bfloat16"``...); ``None`` keeps the checkpoint's
             (fp32 for tiny).
         trust_remote_code: passed to ``from_pretrained``. Off by default: a checkpoint's Python code is
@@ -132,7 +165,7 @@ def load_backbone(
     path = _resolve(name_or_path)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    with _quiet_progress(name_or_path == TINY):
+    with _quiet_progress(name_or_path in (TINY, TINY_MOE)):
         if _is_nonuniform_pruned_moe(path):
             # an MoE whose layers keep different numbers of experts (ExpertPruning): the config alone cannot
             # describe it, so a plain from_pretrained would fail on the size mismatches
@@ -164,9 +197,15 @@ def _is_nonuniform_pruned_moe(path: str) -> bool:
 # --------------------------------------------------------------------------------------------- tiny build
 
 
-def _tiny_dir(recipe: TinyRecipe | None = None) -> Path:
-    """Path of a verified tiny backbone, building (or rebuilding) it when missing or corrupt."""
+def _tiny_dir(
+    recipe: TinyRecipe | TinyMoERecipe | None = None, build: Callable[[Path, Any], None] | None = None
+) -> Path:
+    """Path of a verified tiny backbone, building (or rebuilding) it when missing or corrupt.
+
+    ``build(directory, recipe)`` writes the files and the manifest (default: the tiny Llama, ``_build_tiny``).
+    """
     recipe = recipe or TinyRecipe()
+    build = build or _build_tiny
     target = lightning_llm_home() / recipe.key()
     problem = _verify(target)
     if problem is None:
@@ -180,7 +219,7 @@ def _tiny_dir(recipe: TinyRecipe | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
         with _quiet_progress(True):
-            _build_tiny(staging, recipe)
+            build(staging, recipe)
         staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary shared directory
         try:
             staging.rename(target)
@@ -308,6 +347,19 @@ def _build_tiny(directory: Path, recipe: TinyRecipe) -> None:
     )
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
+    _write_manifest(directory, recipe)
+
+
+def _build_tiny_moe(directory: Path, recipe: TinyMoERecipe) -> None:
+    from lightning_llm.pruning.tiny_moe import build_tiny_moe
+
+    fields = {k: v for k, v in asdict(recipe).items() if k != "version"}
+    build_tiny_moe(directory, **fields)
+    _write_manifest(directory, recipe)
+
+
+def _write_manifest(directory: Path, recipe: TinyRecipe | TinyMoERecipe) -> None:
+    """Record every file's SHA-256 (written last: a cache without it is incomplete, see :func:`_verify`)."""
     files = {p.name: _sha256(p) for p in sorted(directory.iterdir()) if p.is_file()}
     manifest = {"recipe": asdict(recipe), "files": files}
     (directory / _MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))

@@ -97,3 +97,25 @@ def test_eval_mode_restores_the_mode_also_on_errors():
     with pytest.raises(RuntimeError, match="boom"), eval_mode(layer):
         raise RuntimeError("boom")
     assert layer.training
+
+
+def test_tiny_moe_loads_is_moe_and_is_cached(monkeypatch):
+    """``"tiny-moe"``: a cached tiny Mixtral (4 MoE layers × 8 experts); the second load reuses the cache."""
+    import lightning_llm.backbone as backbone
+    from lightning_llm.pruning.experts import moe_blocks
+
+    model, tokenizer = load_backbone("tiny-moe")
+    assert model.config.model_type == "mixtral"
+    blocks = moe_blocks(model)
+    assert sorted(blocks) == [0, 1, 2, 3]
+    assert model.config.num_local_experts == 8 and model.config.num_experts_per_tok == 2
+    assert tokenizer.eos_token == "<|im_end|>" and model.config.vocab_size >= len(tokenizer)
+    assert load_tokenizer("tiny-moe").get_vocab() == tokenizer.get_vocab()
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the cached tiny-moe was rebuilt")
+
+    monkeypatch.setattr(backbone, "_build_tiny_moe", no_rebuild)
+    again, _ = load_backbone("tiny-moe")
+    for (name, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

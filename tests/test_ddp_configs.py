@@ -23,6 +23,7 @@ CONFIGS = [
     "lt_tuning.yaml",
     "sae_fast.yaml",
     "indexmem.yaml",
+    "ragep.yaml",
 ]
 
 
