@@ -15,6 +15,7 @@ from lightning_llm.callbacks.scalora import ScaLoRA
 from lightning_llm.callbacks.sft_warmup import SFTWarmup
 from lightning_llm.callbacks.steering import ActivationSteering, train_steering_vector
 from lightning_llm.callbacks.task_accuracy import TaskAccuracy
+from lightning_llm.callbacks.trellis_quantization import TrellisQuantization
 from lightning_llm.callbacks.update_rank import UpdateRankMonitor
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "SafetyEvaluation",
     "ScaLoRA",
     "TaskAccuracy",
+    "TrellisQuantization",
     "UpdateRankMonitor",
     "gradient_snr",
     "train_steering_vector",

@@ -7,6 +7,7 @@ from lightning_llm.kernels.budgeted_attention import budgeted_attention
 from lightning_llm.kernels.fused_linear_logprobs import entropy_dynamics_reference, fused_linear_logprobs
 from lightning_llm.kernels.lora_linear import lora_linear
 from lightning_llm.kernels.sae import jumprelu, sparse_decode, topk_encode
+from lightning_llm.kernels.trellis_matmul import trellis_matmul
 
 __all__ = [
     "budgeted_attention",
@@ -16,4 +17,5 @@ __all__ = [
     "lora_linear",
     "sparse_decode",
     "topk_encode",
+    "trellis_matmul",
 ]

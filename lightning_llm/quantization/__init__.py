@@ -15,6 +15,7 @@ from .codes import (
     make_code,
 )
 from .hadamard import RandomHadamard, fwht, incoherence_process, incoherence_unprocess
+from .linear import TrellisLinear, load_quantized, quantize_model, save_quantized
 from .quantize import QuantizedMatrix, dequantize, quantize_matrix
 from .trellis import brute_force, decode_packed, decode_states, pack, unpack, viterbi
 
@@ -27,6 +28,7 @@ __all__ = [
     "TableCode",
     "ThreeInstCode",
     "TrellisCode",
+    "TrellisLinear",
     "brute_force",
     "decode_packed",
     "decode_states",
@@ -34,9 +36,12 @@ __all__ = [
     "fwht",
     "incoherence_process",
     "incoherence_unprocess",
+    "load_quantized",
     "make_code",
     "pack",
     "quantize_matrix",
+    "quantize_model",
+    "save_quantized",
     "unpack",
     "viterbi",
 ]

@@ -1,0 +1,219 @@
+r"""``y = x Ŵᵀ`` for a trellis-quantised weight (:mod:`lightning_llm.quantization`), decoded on the fly.
+
+A :class:`~lightning_llm.quantization.QuantizedMatrix` stores ``Ŵ = (Q_m S_m)ᵀ diag(σ) q (Q_n S_n)`` as packed
+trellis bits (``k`` per weight), per-row scales ``σ`` and the code constants. Since
+``x Ŵᵀ = [ (x (Q_n S_n)ᵀ) (diag(σ) q)ᵀ ] (Q_m S_m)``::
+
+    x̃ = H_in(x)              = RandomHadamard(n, seed_in).forward(x)        (PyTorch, fp32)
+    ỹ = x̃ W̃ᵀ,  W̃ = diag(σ) q                                              (the custom op / Triton kernel)
+    y = H_out⁻¹(ỹ)            = RandomHadamard(m, seed_out).inverse(ỹ)       (PyTorch, fp32)
+
+Hadamard placement (decision). The two random Hadamard transforms are applied to the *activations* in
+PyTorch around the kernel, as QTIP does: they are ``O((n + m) log)`` per row against the ``O(n·m)`` matmul,
+they need the odd-factor dense rotation for non-power-of-two widths (:mod:`lightning_llm.quantization.
+hadamard`), and keeping them out of the kernel keeps the kernel a plain "decode-tile-and-dot" loop. They run
+in fp32 on an fp32 copy of ``x`` (an FWHT in bf16 would round at each of its ``log n`` passes), so the
+kernel always sees fp32 activations; the result is rounded once to ``x``'s dtype. ``incoherence=False``
+skips both.
+
+The core op ``lightning_llm::trellis_matmul`` (a ``torch.library`` custom op with a fake, inference only: no
+autograd) computes ``ỹ``. Its reference, :func:`_torch_trellis_matmul`, decodes the whole ``q`` with
+:func:`lightning_llm.quantization.decode_packed` (any code, including 3INST and the RTN baseline) and runs one
+matmul; the Triton kernel (:mod:`._trellis_matmul_triton`, codes 1MAD and MUL-BAL, any ``L``, ``k·V ≤ 8``,
+``V ∈ {1, 2}``) decodes ``W̃`` tile by tile inside the matmul loop from the state integer, with no table, and
+works for any number of rows ``M`` of ``x`` (QTIP's kernels are batch-1 only). Dispatch follows
+:mod:`._dispatch`: CUDA tensors with Triton importable and a kernel-supported code run the kernel, everything
+else runs the reference.
+
+Status and costs. The kernel is checked against the reference only under the Triton interpreter on CPU
+(``tests/kernels/test_trellis_matmul.py``); it has not yet been compiled or timed on a GPU. Its grid is
+``(⌈M / 16⌉, ⌈m / BLOCK_N⌉)``, and every program decodes its ``BLOCK_N × n`` slab of ``W̃`` itself, so a
+batch of ``M`` rows decodes each weight ``⌈M / 16⌉`` times (once for decode-sized batches ``M ≤ 16``; for
+large prefills, decoding once to a dense bf16 weight and calling a dense matmul would be cheaper, not done
+here). The state is rebuilt with ``L`` one-bit reads per weight (simple and exact for any ``k·V``; a
+word-level funnel shift would be faster). The matmul is an fp32 ``tl.dot`` with ``input_precision="ieee"``.
+The reference decodes the whole weight on every call (no cache).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from lightning_llm.kernels._dispatch import triton_available, use_triton
+
+__all__ = ["CODE_IDS", "trellis_matmul"]
+
+#: Integer ids of the codes in the op's schema. The kernel supports 0 and 1.
+CODE_IDS = {"qtip-1mad": 0, "proteus": 1, "qtip-3inst": 2, "rtn": 3}
+_KERNEL_CODES = (0, 1)
+_BACKENDS = ("auto", "triton", "torch")
+
+
+@functools.lru_cache(maxsize=256)
+def _hadamard(n: int, seed: int):
+    from lightning_llm.quantization.hadamard import RandomHadamard
+
+    return RandomHadamard(n, seed)
+
+
+def _code_constants(code: str, code_params: dict) -> tuple[int, int, int, float, float]:
+    """``(code_id, c0, c1, alpha, beta)`` of the op's schema from a code name and its params."""
+    if code not in CODE_IDS:
+        raise ValueError(f"unknown code {code!r}; expected one of {tuple(CODE_IDS)}")
+    p = code_params
+    if code == "qtip-1mad":
+        return 0, int(p.get("a", 34038481)), int(p.get("b", 76625530)), 1.0, 0.0
+    if code == "proteus":
+        return 1, int(p["multiplier"]), int(p["shift"]), float(p["alpha"]), float(p["beta"])
+    if code == "qtip-3inst":
+        return 2, int(p.get("a", 1664525)), int(p.get("b", 1013904223)), 1.0, 0.0
+    return 3, 0, 0, 1.0, 0.0
+
+
+def trellis_matmul(
+    x: Tensor,
+    packed: Tensor,
+    scales: Tensor,
+    shape: tuple[int, int],
+    code: str,
+    code_params: dict,
+    *,
+    L: int = 16,
+    k: int = 2,
+    V: int = 1,
+    tile: int = 256,
+    seed_out: int = 0,
+    seed_in: int = 1,
+    incoherence: bool = True,
+    _backend: str = "auto",
+    _block: int | None = None,
+) -> Tensor:
+    """``x Ŵᵀ`` for ``x [..., n]`` and a trellis-quantised ``Ŵ [m, n]`` (see the module docstring).
+
+    Args:
+        x: activations ``[..., n]`` (any float dtype; the result has it).
+        packed: uint8 ``[tiles, tile·k/8]`` trellis bits (``QuantizedMatrix.packed``).
+        scales: ``[m]`` per-row scales σ.
+        shape: ``(m, n)``.
+        code: ``"qtip-1mad"``, ``"proteus"`` (Triton-capable), ``"qtip-3inst"`` or ``"rtn"`` (reference only).
+        code_params: the code constants (``QuantizedMatrix.code_params``).
+        L, k, V, tile, seed_out, seed_in, incoherence: as in the :class:`QuantizedMatrix`.
+        _backend: ``"auto"``, or force ``"triton"`` / ``"torch"`` (tests). ``_block`` forces the kernel's
+            N/K block (a power of two ≥ 16).
+    """
+    m, n = shape
+    if x.shape[-1] != n:
+        raise ValueError(f"x has last dimension {x.shape[-1]}, expected in_features {n}")
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise ValueError(f"packed must be a 2-D uint8 tensor, got {packed.dtype} {tuple(packed.shape)}")
+    if scales.shape != (m,):
+        raise ValueError(f"scales must have shape ({m},), got {tuple(scales.shape)}")
+    if _backend not in _BACKENDS:
+        raise ValueError(f"_backend must be one of {_BACKENDS}, got {_backend!r}")
+    code_id, c0, c1, alpha, beta = _code_constants(code, code_params)
+    lead = x.shape[:-1]
+    xr = x.reshape(-1, n).float()
+    if incoherence:
+        xr = _hadamard(n, seed_in).forward(xr)
+    y = torch.ops.lightning_llm.trellis_matmul(
+        xr.contiguous(),
+        packed,
+        scales.float(),
+        m,
+        code_id,
+        c0,
+        c1,
+        alpha,
+        beta,
+        L,
+        k,
+        V,
+        tile,
+        _backend,
+        _block or 0,
+    )
+    if incoherence:
+        y = _hadamard(m, seed_out).inverse(y)
+    return y.to(x.dtype).reshape(*lead, m)
+
+
+def _make_code(code_id: int, c0: int, c1: int, alpha: float, beta: float, V: int):
+    from lightning_llm.quantization.codes import MulBalCode, OneMADCode, ThreeInstCode
+
+    if code_id == 0:
+        return OneMADCode(V=V, a=c0, b=c1)
+    if code_id == 1:
+        return MulBalCode(V=V, multiplier=c0, shift=c1, alpha=alpha, beta=beta)
+    return ThreeInstCode(V=V, a=c0, b=c1)
+
+
+def _decode_weight(
+    packed: Tensor, m: int, n: int, code_id: int, c0: int, c1: int, alpha: float, beta: float, L, k, V, tile
+) -> Tensor:
+    """The normalised decoded ``q [m, n]`` (fp32), exactly as :func:`lightning_llm.quantization.dequantize`."""
+    from lightning_llm.quantization.trellis import _unpack_chunks, decode_packed
+
+    if code_id == 3:
+        q = _unpack_chunks(packed, tile, k).float() - ((1 << k) - 1) / 2
+    else:
+        q = decode_packed(packed, _make_code(code_id, c0, c1, alpha, beta, V), L, k, V, n=tile)
+    return q.reshape(-1)[: m * n].view(m, n)
+
+
+def _torch_trellis_matmul(
+    x: Tensor, packed: Tensor, scales: Tensor, m: int, code_id, c0, c1, alpha, beta, L, k, V, tile
+) -> Tensor:
+    """The spec: decode all of ``q``, ``ỹ = x (diag(σ) q)ᵀ`` in fp32 (one matmul)."""
+    q = _decode_weight(packed, m, x.shape[1], code_id, c0, c1, alpha, beta, L, k, V, tile).to(x.device)
+    return x @ (q * scales.unsqueeze(1)).t()
+
+
+def _resolve_backend(backend: str, code_id: int, V: int, k: int, *tensors: Tensor) -> str:
+    fits = code_id in _KERNEL_CODES and V in (1, 2) and k * V <= 8
+    if backend == "auto":
+        return "triton" if fits and use_triton(*tensors) else "torch"
+    if backend == "triton":
+        if not triton_available():
+            raise RuntimeError("_backend='triton' was requested but triton cannot be imported")
+        if not fits:
+            raise ValueError(
+                f"the Triton kernel supports codes 1MAD and MUL-BAL with V in (1, 2), got {code_id}"
+            )
+    return backend
+
+
+@torch.library.custom_op("lightning_llm::trellis_matmul", mutates_args=())
+def _trellis_matmul_op(
+    x: Tensor,
+    packed: Tensor,
+    scales: Tensor,
+    n_out: int,
+    code_id: int,
+    c0: int,
+    c1: int,
+    alpha: float,
+    beta: float,
+    L: int,
+    k: int,
+    V: int,
+    tile: int,
+    backend: str,
+    block: int,
+) -> Tensor:
+    """``ỹ [M, n_out]`` fp32 from the rotated ``x [M, n]`` fp32 (no Hadamards here)."""
+    with torch.autocast(x.device.type, enabled=False):
+        if _resolve_backend(backend, code_id, V, k, x, packed, scales) == "triton":
+            from lightning_llm.kernels import _trellis_matmul_triton
+
+            return _trellis_matmul_triton.trellis_matmul_forward(
+                x, packed, scales, n_out, code_id, c0, c1, alpha, beta, L, k, V, tile, block
+            )
+        return _torch_trellis_matmul(x, packed, scales, n_out, code_id, c0, c1, alpha, beta, L, k, V, tile)
+
+
+@_trellis_matmul_op.register_fake
+def _(x, packed, scales, n_out, code_id, c0, c1, alpha, beta, L, k, V, tile, backend, block):
+    return x.new_empty(x.shape[0], n_out, dtype=torch.float32)
