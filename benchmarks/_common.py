@@ -52,7 +52,10 @@ def summary_row(
     """Build a :class:`SummaryRow`, computing the ratio so no script gets its direction wrong."""
     if better not in ("lower", "higher"):
         raise ValueError(f"better must be 'lower' or 'higher', got {better!r}")
-    ratio = ours_value / peer_value if peer_value else float("inf")
+    if peer_value:
+        ratio = ours_value / peer_value
+    else:  # 0 / 0 is a tie (e.g. both at zero accuracy), not an infinite win
+        ratio = 1.0 if ours_value == 0 else float("inf")
     return SummaryRow(
         benchmark=benchmark,
         ours=ours,

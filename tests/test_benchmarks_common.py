@@ -101,3 +101,11 @@ def test_step_recorder_times_steps_after_the_warmup(bench):
     assert recorder.recorded == [1, 2, 3, 4, 5] and recorder.warmed == 1
     memory = recorder.memory()
     assert memory["peak_rss_mib"] >= memory["baseline_rss_mib"] > 0
+
+
+def test_summary_row_zero_over_zero_is_a_tie(bench):
+    common, _ = bench
+    assert common.summary_row("demo", "ours", "peer", "accuracy", 0.0, 0.0, better="higher")["ratio"] == 1.0
+    assert common.summary_row("demo", "ours", "peer", "accuracy", 0.5, 0.0, better="higher")[
+        "ratio"
+    ] == float("inf")

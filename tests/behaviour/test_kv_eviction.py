@@ -1,31 +1,36 @@
 """Behaviour: at a 25% KV budget, the learned indexer + latent memory >= the indexer > StreamingLLM (METHODS §11).
 
-The tiny backbone is first taught single-needle retrieval (``train_retrieval_backbone``: 300 steps of 32 chat
-prompts, a one-digit code in 40 filler words, 73-88-token prompts), which it answers 100% of the time with the
-full cache. An :class:`~lightning_llm.modules.IndexMemModule` (frozen backbone; indexer target "future", memory gate
-distilled at budgets cycling between 10% and 25% of the prompt) is trained for 120 steps of 16. Then 200 held-out
-prompts are answered greedily with every layer's KV cache cut to ``ceil(0.25 · prompt)`` tokens (4 sinks + 4 recent
-+ the rest chosen by the policy), re-evicting at every decoding step.
+The tiny backbone is first taught single-needle retrieval (``train_retrieval_backbone``: batches of 32 chat prompts,
+a one-digit code in 40 filler words, 73-88-token prompts, lr 3e-3 constant, stopping at the first 50-step check
+with >= 98% full-cache accuracy; seed 0 stops at step 250 with 100%). An
+:class:`~lightning_llm.modules.IndexMemModule` (frozen backbone; indexer target "future", memory gate distilled
+at budgets cycling between 10% and 25% of the prompt) is trained for 120 steps of 16. Then 200 held-out prompts
+are answered greedily with every layer's KV cache cut to ``ceil(0.25 · prompt)`` tokens (4 sinks + 4 recent + the
+rest chosen by the policy), re-evicting at every decoding step.
 
-Measured on the development machine (2 CPU cores, one thread per process, fp32), accuracy at 25% budget,
-seeds 0 / 1 / 2 of this recipe (seed 0 with 250 backbone and 150 IndexMem steps):
+Measured on the development machine (2 CPU cores, one thread per process, fp32), accuracy at 25% budget. Column
+"final" is this test's recipe at seed 0; the other columns are the same pipeline on backbones trained for a fixed
+number of steps with a cosine schedule (the recipe before the stopping rule; "250" and "300" steps, seeds 0-2):
 
-==============  ======  ======  ======
-policy           seed 0  seed 1  seed 2
-==============  ======  ======  ======
-full cache       1.00    1.00    1.00
-StreamingLLM     0.09    0.245   0.12
-H2O              0.09    0.975   0.26
-SnapKV           0.98    0.995   0.365
-indexer          1.00    0.93    0.90
-indexer+memory   1.00    1.00    0.98
-==============  ======  ======  ======
+==============  ======  =========  =========  =========  =========
+policy          final   250, s0    300, s1    300, s2    400, s0
+==============  ======  =========  =========  =========  =========
+full cache      1.00    1.00       1.00       1.00       1.00
+StreamingLLM    0.06    0.09       0.245      0.12       0.16
+H2O             0.92    0.09       0.975      0.26       0.16
+SnapKV          1.00    0.98       0.995      0.365      0.36
+indexer         1.00    1.00       0.93       0.90       0.60
+indexer+memory  1.00    1.00       1.00       0.98       0.995
+==============  ======  =========  =========  =========  =========
 
-At 10% (8-9 tokens: almost only sinks and window) everything is near chance (0.075-0.24), memory included
-(indexer 0.145 / 0.195 / 0.20 vs +memory 0.23 / 0.19 / 0.20). The test asserts, at seed 0: full cache >= 0.95,
-indexer >= StreamingLLM + 0.4, indexer + memory >= indexer (equality allowed: when the indexer keeps the needle there
-is nothing for the memory to add), equal budgets and peak cache bytes with and without memory, and that the
-gates were trained away from their initial value.
+Where the indexer loses the needle, the memory gives most of it back (+0.07, +0.08, +0.395); where the indexer is
+perfect there is nothing to add. At 10% (8-9 slots: the sinks and the window only) every setting is at or below
+chance (0-0.24). The backbone's retrieval itself is seed-dependent: at seeds 1 and 3 a cosine run plateaued at
+0.93 and 0.72 full-cache accuracy (60 prompts, 700 steps), so the test uses seed 0 only.
+
+Asserted, at seed 0: full cache >= 0.95; indexer >= StreamingLLM + 0.4; indexer + memory >= indexer (equality allowed:
+when the indexer keeps the needle there is nothing for the memory to add); equal budgets and peak cache bytes with
+and without memory; more than 70% of the tokens evicted; the gates trained away from their initial value.
 """
 
 from __future__ import annotations
@@ -47,9 +52,7 @@ TASK = {"haystack_words": 40, "value_digits": 1}
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, quiet_trainer, tiny_backbone):
-    path = train_retrieval_backbone(
-        tmp_path_factory.mktemp("needle_tiny"), task_kwargs=TASK, steps=400, seed=0
-    )
+    path = train_retrieval_backbone(tmp_path_factory.mktemp("needle_tiny"), task_kwargs=TASK, seed=0)
     L.seed_everything(0, verbose=False)
     data = NeedleDataModule(
         task="needle", task_kwargs=TASK, num_train=4000, num_val=1, batch_size=16, max_length=512, seed=100
