@@ -19,19 +19,7 @@ from lightning_llm.eviction import (
 )
 from lightning_llm.eviction.generate import _cache_kwarg
 
-PROMPT = 30
-
-
-@pytest.fixture(scope="module")
-def model(tiny_backbone):
-    torch.set_num_threads(1)
-    return tiny_backbone[0]
-
-
-@pytest.fixture(scope="module")
-def prompt():
-    g = torch.Generator().manual_seed(0)
-    return torch.randint(3, 500, (1, PROMPT), generator=g)  # no pad/eos ids: `generate` would mask them
+PROMPT = 30  # the length of the `prompt` fixture (conftest.py)
 
 
 @pytest.fixture(scope="module")

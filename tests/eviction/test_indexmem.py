@@ -17,19 +17,7 @@ from lightning_llm.eviction import (
 from lightning_llm.eviction.generate import _cache_kwarg
 from lightning_llm.kernels.budgeted_attention import budgeted_attention, phi
 
-PROMPT = 30
-
-
-@pytest.fixture(scope="module")
-def model(tiny_backbone):
-    torch.set_num_threads(1)
-    return tiny_backbone[0]
-
-
-@pytest.fixture(scope="module")
-def prompt():
-    g = torch.Generator().manual_seed(0)
-    return torch.randint(3, 500, (1, PROMPT), generator=g)
+PROMPT = 30  # the length of the `prompt` fixture (conftest.py)
 
 
 @pytest.fixture(scope="module")
