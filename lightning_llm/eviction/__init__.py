@@ -4,9 +4,10 @@ from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, FullCache
 from lightning_llm.eviction.generate import GenerationResult, generate_with_budget
 from lightning_llm.eviction.h2o import H2O
 from lightning_llm.eviction.indexer import IndexerPolicy, LightningIndexer, indexer_kl
-from lightning_llm.eviction.memory import LatentMemory, memory_readout
+from lightning_llm.eviction.memory import LatentMemory
 from lightning_llm.eviction.snapkv import SnapKV
 from lightning_llm.eviction.streaming_llm import StreamingLLM
+from lightning_llm.kernels.budgeted_attention import memory_readout
 
 __all__ = [
     "H2O",

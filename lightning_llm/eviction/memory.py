@@ -35,20 +35,9 @@ from torch import Tensor, nn
 
 from lightning_llm.eviction.base import check_model, rotated_queries
 from lightning_llm.eviction.indexer import attention_input
-from lightning_llm.kernels.budgeted_attention import MEMORY_EPS, phi
+from lightning_llm.kernels.budgeted_attention import memory_readout, phi
 
-__all__ = ["LatentMemory", "memory_readout"]
-
-
-def memory_readout(queries: Tensor, state: Tensor, norm: Tensor) -> Tensor:
-    """``φ(q) S / (φ(q)·z + ε)`` ``[B, Hq, T, D]`` for queries ``[B, Hq, T, D]`` and a KV-head state ``S``
-    ``[B, Hkv, D, D]``, ``z`` ``[B, Hkv, D]`` (query head ``h`` reads KV head ``h // (Hq / Hkv)``), in fp32."""
-    b, hq, t, d = queries.shape
-    hkv = state.shape[1]
-    fq = phi(queries.float()).reshape(b, hkv, hq // hkv, t, d)
-    num = torch.einsum("bhgtf,bhfd->bhgtd", fq, state)
-    den = torch.einsum("bhgtf,bhf->bhgt", fq, norm)[..., None] + MEMORY_EPS
-    return (num / den).reshape(b, hq, t, d)
+__all__ = ["LatentMemory"]
 
 
 class LatentMemory(nn.Module):

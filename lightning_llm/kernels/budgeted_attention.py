@@ -69,7 +69,7 @@ from torch import Tensor
 
 from lightning_llm.kernels._dispatch import triton_available, use_triton
 
-__all__ = ["MAX_TRITON_HEAD_DIM", "MEMORY_EPS", "budgeted_attention", "phi"]
+__all__ = ["MAX_TRITON_HEAD_DIM", "MEMORY_EPS", "budgeted_attention", "memory_readout", "phi"]
 
 #: ``ε`` in the readout's denominator ``φ(q)·z + ε`` (our choice; the paper's value is unverified). The
 #: Triton kernel receives it from here.
@@ -90,6 +90,22 @@ def phi(x: Tensor) -> Tensor:
     kernel evaluates it as ``x + 1`` for ``x > 0`` and ``exp(x)`` otherwise.
     """
     return F.elu(x) + 1
+
+
+def memory_readout(queries: Tensor, state: Tensor, norm: Tensor) -> Tensor:
+    """The memory term ``φ(q) S / (φ(q)·z + ε)`` ``[B, Hq, T, D]`` for queries ``[B, Hq, T, D]`` and a state
+    ``S`` ``[B, Hs, D, D]``, ``z`` ``[B, Hs, D]`` with ``Hq % Hs == 0`` (query head ``h`` reads state ``h // (Hq / Hs)``:
+    ``Hs = Hq`` for this kernel's per-query-head state, ``Hs = Hkv`` for a state kept per KV head), without the
+    gate; computed in fp32 (fp64 for fp64 queries). The kernel's reference path and
+    :class:`~lightning_llm.eviction.LatentMemory` both use it.
+    """
+    acc = torch.promote_types(queries.dtype, torch.float32)
+    b, hq, t, d = queries.shape
+    hs = state.shape[1]
+    fq = phi(queries.to(acc)).reshape(b, hs, hq // hs, t, d)
+    num = torch.einsum("bhgtf,bhfd->bhgtd", fq, state.to(acc))
+    den = torch.einsum("bhgtf,bhf->bhgt", fq, norm.to(acc))[..., None] + MEMORY_EPS
+    return (num / den).reshape(b, hq, t, d)
 
 
 def budgeted_attention(
@@ -296,10 +312,7 @@ def _torch_budgeted_attention(
     attn = torch.einsum("bjgs,bjsd->bjgd", p, v.to(acc)) / torch.where(denom > 0, denom, 1.0)
     out = attn.reshape(n_batch, n_heads, head_dim)
     if memory_state is not None and memory_norm is not None:
-        fq = phi(q.to(acc))
-        num = torch.einsum("bhf,bhfd->bhd", fq, memory_state.to(acc))
-        den = (fq * memory_norm.to(acc)).sum(-1, keepdim=True) + MEMORY_EPS
-        readout = num / den
+        readout = memory_readout(q[:, :, None], memory_state, memory_norm)[:, :, 0]
         if gate is not None:
             readout = readout * gate.to(acc).expand(n_batch, n_heads)[..., None]
         out = out + readout

@@ -118,7 +118,7 @@ def test_memory_state_is_the_fold_of_exactly_the_evicted_tokens(model, prompt, i
     assert policy.key_cache_bytes == 4 * 12 * 8 * 4
 
 
-def test_memory_readout_matches_the_kernel_reference():
+def test_memory_readout_matches_the_kernel_and_a_by_hand_weighted_mean():
     torch.manual_seed(0)
     b, hq, hkv, d = 2, 4, 2, 8
     q = torch.randn(b, hq, 1, d)
@@ -138,6 +138,13 @@ def test_memory_readout_matches_the_kernel_reference():
         gate=gate,
     )
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    # by hand: a phi-kernel-weighted mean of the evicted values of the query head's KV head (GQA)
+    for bi in range(b):
+        for h in range(hq):
+            j = h // expand
+            w = phi(keys[bi, j]) @ phi(q[bi, h, 0])  # [n]
+            want = (w[:, None] * values[bi, j]).sum(0) / (w.sum() + 1e-6) * gate[bi, h]
+            torch.testing.assert_close(ours[bi, h], want, rtol=1e-5, atol=1e-6)
 
 
 def test_memory_changes_the_output_only_after_eviction(model, prompt, indexers, memory):
