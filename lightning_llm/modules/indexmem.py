@@ -160,7 +160,10 @@ class IndexMemModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------------- losses
 
-    def _full_forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, list[Tensor], tuple]:
+    def _full_forward(
+        self, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int = 0
+    ) -> tuple[Tensor, list[Tensor], tuple]:
+        """(logits of the last ``logits_to_keep`` positions, 0: all; attention inputs per layer; attentions)."""
         hiddens: dict[int, Tensor] = {}
 
         def capture(module, args, kwargs):
@@ -170,7 +173,12 @@ class IndexMemModule(L.LightningModule):
         handles = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in modules.values()]
         try:
             with torch.no_grad():
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    output_attentions=True,
+                    logits_to_keep=logits_to_keep,
+                )
         finally:
             for h in handles:
                 h.remove()
@@ -190,7 +198,9 @@ class IndexMemModule(L.LightningModule):
         return torch.stack(losses).mean()
 
     def memory_loss(self, input_ids: Tensor, labels: Tensor, teacher_logits: Tensor) -> tuple[Tensor, int]:
-        """``L_M`` (mean over response positions) and the number of positions it averages."""
+        """``L_M`` (mean over response positions) and the number of positions it averages. ``teacher_logits`` are
+        the full-cache logits of the last ``teacher_logits.shape[1]`` positions (at least every response's)."""
+        offset = input_ids.shape[1] - teacher_logits.shape[1]
         starts = _response_starts(labels)
         total, count = teacher_logits.new_zeros(()), 0
         cache_kw = _cache_kwarg(self.model)
@@ -230,7 +240,7 @@ class IndexMemModule(L.LightningModule):
                     **{cache_kw: cache},
                 ).logits.float()
             self.memory.reset()
-            teacher = teacher_logits[rows, start : ids.shape[1] - 1]
+            teacher = teacher_logits[rows, start - offset : ids.shape[1] - 1 - offset]
             kl = F.kl_div(student.log_softmax(-1), teacher.log_softmax(-1), log_target=True, reduction="none")
             total = total + (kl.sum(-1) * targets).sum()
             count += int(targets.sum())
@@ -241,8 +251,13 @@ class IndexMemModule(L.LightningModule):
         attention_mask = batch.get("attention_mask")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        logits, hiddens, attentions = self._full_forward(input_ids, attention_mask)
         hp = self.hparams
+        # teacher logits only from the earliest response start on (the [tokens x vocab] tensor of the prompts is
+        # never needed); one position when the memory is not trained
+        starts = _response_starts(labels)
+        first = int(starts[starts > 0].min()) if bool((starts > 0).any()) else input_ids.shape[1] - 1
+        keep = input_ids.shape[1] - first if hp.memory_weight > 0 else 1
+        logits, hiddens, attentions = self._full_forward(input_ids, attention_mask, logits_to_keep=keep)
         out = {"indexer": self.indexer_loss(hiddens, attentions, attention_mask)}
         loss = hp.indexer_weight * out["indexer"]
         if hp.memory_weight > 0:
