@@ -2,7 +2,7 @@
 
 The tiny backbone is first taught single-needle retrieval (``train_retrieval_backbone``: batches of 32 chat prompts,
 a one-digit code in 40 filler words, 73-88-token prompts, lr 3e-3 constant, stopping at the first 50-step check
-with >= 98% full-cache accuracy; seed 0 stops at step 250 with 100%). An
+with >= 98% full-cache accuracy; seed 0 stopped at step 250 in a one-thread run, 450 in a two-thread one). An
 :class:`~lightning_llm.modules.IndexMemModule` (frozen backbone; indexer target "future", memory gate distilled
 at budgets cycling between 10% and 25% of the prompt) is trained for 120 steps of 16. Then 200 held-out prompts
 are answered greedily with every layer's KV cache cut to ``ceil(0.25 · prompt)`` tokens (4 sinks + 4 recent + the
