@@ -2,6 +2,7 @@
 
 from lightning_llm.metrics.forecasting import ForecastingMetrics, forecast_outcomes, reliability_bins
 from lightning_llm.metrics.grammar import GrammarKL, NGramModel, grammar_kl, model_next_token_logprobs
+from lightning_llm.metrics.perplexity import perplexity, token_nll, token_nll_sum
 from lightning_llm.metrics.sae import (
     DeadFeatures,
     DeltaLoss,
@@ -40,7 +41,10 @@ __all__ = [
     "forecast_outcomes",
     "grammar_kl",
     "model_next_token_logprobs",
+    "perplexity",
     "reliability_bins",
     "safety_outcomes",
     "spliced_nll",
+    "token_nll",
+    "token_nll_sum",
 ]

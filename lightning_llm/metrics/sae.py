@@ -42,12 +42,13 @@ from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import Metric
 
 from lightning_llm.backbone import eval_mode
 from lightning_llm.callbacks.steering import _check_layer, decoder_layers
+from lightning_llm.metrics.perplexity import IGNORE_INDEX as _IGNORE_INDEX
+from lightning_llm.metrics.perplexity import token_nll_sum
 
 __all__ = [
     "DeadFeatures",
@@ -59,8 +60,6 @@ __all__ = [
     "delta_loss",
     "spliced_nll",
 ]
-
-_IGNORE_INDEX = -100
 
 
 @runtime_checkable
@@ -341,13 +340,6 @@ def _sae_transform(sae: SAELike, scale: float) -> Callable[[Tensor], Tensor]:
     return transform
 
 
-def _token_nll_sum(logits: Tensor, labels: Tensor) -> Tensor:
-    """Summed next-token NLL (fp64) of ``labels [b, T]`` (``-100`` ignored) under ``logits [b, T, V]``."""
-    shifted = logits[:, :-1].float().reshape(-1, logits.shape[-1])
-    targets = labels[:, 1:].reshape(-1)
-    return F.cross_entropy(shifted, targets, ignore_index=_IGNORE_INDEX, reduction="sum").double()
-
-
 @torch.no_grad()
 def spliced_nll(
     model: nn.Module,
@@ -388,7 +380,7 @@ def spliced_nll(
 
     def nll() -> Tensor:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        return _token_nll_sum(logits, labels)
+        return token_nll_sum(logits, labels)
 
     with eval_mode(model):
         clean = nll()
