@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_llm.callbacks.calibration import calibration_batches, check_calibration
 from lightning_llm.pruning.experts import (
     METHODS,
     MoELayerStats,
@@ -78,11 +79,7 @@ class ExpertPruning(Callback):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
         _check_keep_ratio(keep_ratio)
-        if isinstance(calibration, bool) or not (
-            (isinstance(calibration, int) and calibration >= 1)
-            or (isinstance(calibration, Sequence) and not isinstance(calibration, str) and calibration)
-        ):
-            raise ValueError("calibration must be a number of batches >= 1 or a non-empty list of strings")
+        check_calibration(calibration)
         if budget not in (None, "erank", "uniform"):
             raise ValueError(f"unknown budget {budget!r}; choose 'erank', 'uniform' or None")
         if rank_source not in ("input", "experts"):
@@ -153,20 +150,7 @@ class ExpertPruning(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule
     ) -> list[dict[str, Tensor]]:
         """The calibration batches: the first ``calibration`` train batches, or the strings tokenized."""
-        if isinstance(self.calibration, int):
-            loader = trainer.train_dataloader
-            if loader is None:
-                raise RuntimeError("calibration by batch count needs the trainer's train dataloader")
-            batches = []
-            for batch in loader:
-                batches.append(batch)
-                if len(batches) == self.calibration:
-                    break
-            return batches
-        tokenizer = getattr(pl_module, "tokenizer", None)
-        if tokenizer is None:
-            raise RuntimeError("calibration strings need a `tokenizer` attribute on the LightningModule")
-        return [tokenizer(text, return_tensors="pt", add_special_tokens=False) for text in self.calibration]
+        return calibration_batches(trainer, pl_module, self.calibration)
 
     # ------------------------------------------------------------------------------------------- hooks
 
