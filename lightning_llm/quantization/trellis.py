@@ -273,11 +273,31 @@ def unpack(packed: Tensor, n: int, L: int = 16, k: int = 2, V: int = 1) -> Tenso
         )
     if N * kv < L:
         raise ValueError(f"tile of {N} steps holds fewer than L={L} bits")
+    if (N * kv) % 8 == 0 and L <= 24:
+        return _window_states(packed, N, L, kv)
     chunks = _unpack_chunks(packed, N, kv)
     states = torch.zeros_like(chunks)
     for j in range(L // kv):
         states |= torch.roll(chunks, j, dims=1) << (j * kv)
     return states
+
+
+def _window_states(packed: Tensor, N: int, L: int, kv: int) -> Tensor:
+    """:func:`unpack` by reading bit windows: state ``t`` is the ``L``-bit big-endian window of the (cyclic)
+    bit stream that ends with chunk ``t``, i.e. starts at bit ``kv·t − (L − kv)``.
+
+    Each window lies in 4 consecutive bytes (``L ≤ 24``, so ``L + 7 ≤ 32``): gather them as one 32-bit word,
+    shift, mask. The stream is extended at the front by its last ``P`` bytes (the cyclic wrap). Several times
+    faster than assembling states chunk by chunk; same result (tested).
+    """
+    T, B = packed.shape
+    P = (L - kv + 7) // 8
+    ext = torch.cat([packed[:, B - P :], packed, packed.new_zeros(T, 3)], dim=1).to(torch.int32)
+    start = torch.arange(N, device=packed.device) * kv - (L - kv) + 8 * P
+    byte, bit = start >> 3, start & 7
+    word = (ext[:, byte] << 24) | (ext[:, byte + 1] << 16) | (ext[:, byte + 2] << 8) | ext[:, byte + 3]
+    # int32 may be negative (bit 31 set): the arithmetic shift's sign bits fall outside the L-bit mask.
+    return ((word >> (32 - L - bit)) & ((1 << L) - 1)).to(torch.int64)
 
 
 def decode_packed(packed: Tensor, code, L: int = 16, k: int = 2, V: int = 1, n: int | None = None) -> Tensor:
