@@ -18,6 +18,7 @@ modules and loads the tensors.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from torch import Tensor, nn
 
 from .quantize import QuantizedMatrix, quantize_matrix
 
-__all__ = ["TrellisLinear", "load_quantized", "quantize_model", "save_quantized"]
+__all__ = ["TrellisLinear", "distill_quantized", "load_quantized", "quantize_model", "save_quantized"]
 
 _METHODS = ("proteus", "qtip-1mad", "qtip-3inst", "rtn")
 _QUANT_CONFIG = "quantization.json"
@@ -185,6 +186,9 @@ def quantize_model(
     calibration=None,
     skip=("lm_head",),
     seed: int = 0,
+    distill_tune: tuple[str, ...] = ("affine", "scales"),
+    distill_steps: int = 50,
+    distill_lr: float = 1e-2,
     **quantize_kwargs,
 ) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`TrellisLinear`; returns ``model``.
@@ -192,14 +196,18 @@ def quantize_model(
     ``method``: ``"proteus"``, ``"qtip-1mad"``, ``"qtip-3inst"`` or ``"rtn"``. Layers whose qualified name,
     or one of its dotted components, is in ``skip`` are left alone (by default the ``lm_head``; embeddings are
     not ``nn.Linear``). Layer ``i`` (in ``named_modules`` order) uses ``seed + i`` for its Hadamards.
-    ``calibration`` is reserved for Hessian-aware (data-dependent) quantisation, which is not implemented:
-    passing anything but None raises NotImplementedError. The quantisation method is recorded on the model
-    as ``model.trellis_quantization`` for :func:`save_quantized`.
+    ``calibration`` (token ids, a batch dict or an iterable of them; None = data-free) turns on Proteus's
+    optional few-shot distillation (:func:`~.distill.distill_affine`): a full-precision copy of the model is
+    kept as the teacher, and after quantisation the layers' affine statistics (``distill_tune``, by default
+    ``α, β`` and the per-channel scales; RTN and the QTIP codes have no affine and tune their scales) are fitted
+    to the teacher's next-token distributions on those sequences for ``distill_steps`` Adam steps at
+    ``distill_lr``. The packed bits never change. The incoherence/trellis encoding itself is data-free
+    (no Hessian-aware rounding). The quantisation method is recorded on the model as
+    ``model.trellis_quantization`` for :func:`save_quantized` (with the distillation KL before/after).
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if calibration is not None:
-        raise NotImplementedError("calibration-aware (Hessian) quantisation is not implemented; pass None")
+    teacher = copy.deepcopy(model) if calibration is not None else None
     targets = [
         (name, mod)
         for name, mod in model.named_modules()
@@ -209,7 +217,36 @@ def quantize_model(
         q = TrellisLinear.from_linear(mod, code=method, bits=bits, L=L, V=V, seed=seed + i, **quantize_kwargs)
         _set_module(model, name, q.to(mod.weight.device))
     model.trellis_quantization = {"method": method, "bits": bits, "L": L, "V": V}
+    if teacher is not None:
+        distill_quantized(model, teacher, calibration, tune=distill_tune, steps=distill_steps, lr=distill_lr)
     return model
+
+
+def distill_quantized(
+    model: nn.Module,
+    teacher: nn.Module,
+    calibration,
+    tune: tuple[str, ...] = ("affine", "scales"),
+    steps: int = 50,
+    lr: float = 1e-2,
+) -> list[float]:
+    """:func:`~.distill.distill_affine` on a model quantised by :func:`quantize_model`, recorded in its
+    ``trellis_quantization`` (``"distillation"``: settings and the calibration KL before / after) so that
+    :func:`save_quantized` keeps it. Returns the KL history."""
+    from .distill import distill_affine
+
+    history = distill_affine(model, teacher, calibration, tune=tune, steps=steps, lr=lr)
+    record = getattr(model, "trellis_quantization", None)
+    if record is None:
+        record = model.trellis_quantization = {}
+    record["distillation"] = {
+        "tune": list(tune),
+        "steps": steps,
+        "lr": lr,
+        "kl_before": history[0],
+        "kl_after": history[-1],
+    }
+    return history
 
 
 def save_quantized(model: nn.Module, directory: str | Path) -> Path:

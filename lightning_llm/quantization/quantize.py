@@ -41,7 +41,7 @@ from .codes import MULBAL_CANDIDATES, MulBalCode, make_code
 from .hadamard import incoherence_process, incoherence_unprocess
 from .trellis import _pack_chunks, _unpack_chunks, decode_packed, pack, viterbi
 
-__all__ = ["QuantizedMatrix", "dequantize", "quantize_matrix"]
+__all__ = ["QuantizedMatrix", "decode_normalized", "dequantize", "quantize_matrix"]
 
 _CODES = ("proteus", "qtip-1mad", "qtip-3inst", "rtn")
 
@@ -199,15 +199,25 @@ def _rebuild_code(qm: QuantizedMatrix):
     return make_code(qm.code, **p)
 
 
-def dequantize(qm: QuantizedMatrix) -> Tensor:
-    """``Ŵ [m, n]`` (float32) from a :class:`QuantizedMatrix`."""
+def decode_normalized(qm: QuantizedMatrix, *, affine: bool = True) -> Tensor:
+    """The decoded code values ``q [m, n]`` (float32) in normalised units, before the per-row scales.
+
+    ``affine=False`` drops Proteus's per-layer affine (returns the raw MUL-BAL ``g(s)``, so that
+    ``q = α g + β``); the other codes have no affine and ignore it. RTN returns the centred levels
+    ``j − (2^bits − 1)/2``.
+    """
     if qm.code == "rtn":
         idx = _unpack_chunks(qm.packed, qm.tile, qm.bits)
-        q = _untile(idx.float() - ((1 << qm.bits) - 1) / 2, qm.shape)
-    else:
-        code = _rebuild_code(qm)
-        q = _untile(decode_packed(qm.packed, code, qm.L, qm.bits, qm.V, n=qm.tile), qm.shape)
-    Wt = q * qm.scales.unsqueeze(1)
+        return _untile(idx.float() - ((1 << qm.bits) - 1) / 2, qm.shape)
+    code = _rebuild_code(qm)
+    if not affine and isinstance(code, MulBalCode):
+        code = code.with_affine(1.0, 0.0)
+    return _untile(decode_packed(qm.packed, code, qm.L, qm.bits, qm.V, n=qm.tile), qm.shape)
+
+
+def dequantize(qm: QuantizedMatrix) -> Tensor:
+    """``Ŵ [m, n]`` (float32) from a :class:`QuantizedMatrix`."""
+    Wt = decode_normalized(qm) * qm.scales.unsqueeze(1)
     if qm.incoherence:
         return incoherence_unprocess(Wt, qm.seed_out, qm.seed_in)
     return Wt

@@ -58,8 +58,6 @@ def test_no_bias_and_errors():
     assert q.bias is None and q(torch.randn(3, 16)).shape == (3, 8)
     with pytest.raises(ValueError, match="method"):
         quantize_model(nn.Sequential(lin), method="gptq")
-    with pytest.raises(NotImplementedError):
-        quantize_model(nn.Sequential(lin), method="rtn", calibration=[torch.zeros(1)])
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,131 @@
+"""The 2-bit perplexity study shared by tutorial 19, ``tests/behaviour/test_proteus.py`` and ``benchmarks/quant.py``.
+
+:func:`train_arithmetic_model` trains the embedded ``"tiny"`` backbone on two-digit arithmetic with ``+ - *``
+(exact arithmetic is sensitive to weight error; a model trained on PCFG sentences was not: RTN-2 left its
+perplexity unchanged). :func:`compare_quantizers` quantises copies of a model with each method and scores
+held-out perplexity of the response tokens, with the encoding time.
+
+Methods (keys of :data:`METHODS`): ``"fp32"`` (unquantised), ``"nf4"`` (bitsandbytes NF4, 4 bits + an fp32
+absmax per 64), ``"rtn"`` (round-to-nearest 2-bit, per-row MSE-best step, no rotation: the plain RTN-2
+baseline), ``"rtn+hadamard"`` (the same grid after the random Hadamard incoherence), ``"qtip-1mad"``,
+``"qtip-3inst"``, ``"proteus"`` (2-bit trellis codes after incoherence, channel compensation) and
+``"proteus+distill"`` (Proteus, then few-shot distillation of the affine statistics on ``calibration``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["METHODS", "compare_quantizers", "train_arithmetic_model"]
+
+METHODS = ("fp32", "nf4", "rtn", "rtn+hadamard", "qtip-1mad", "qtip-3inst", "proteus", "proteus+distill")
+
+
+def train_arithmetic_model(
+    steps: int = 800,
+    *,
+    seed: int = 0,
+    batch_size: int = 64,
+    lr: float = 5e-3,
+    num_val: int = 200,
+    trainer_kwargs: Mapping[str, Any] | None = None,
+):
+    """Train ``"tiny"`` with ``CausalLMModule`` on ``arithmetic`` (2 digits, ``+-*``); returns ``(model, data)``.
+
+    ``data`` is the fitted ``ChatSFTDataModule`` (its ``val_dataloader`` holds the ``num_val`` held-out
+    conversations). The Trainer is a quiet single-process CPU one unless ``trainer_kwargs`` say otherwise.
+    """
+    import lightning as L
+
+    from lightning_llm.datamodules import ChatSFTDataModule
+    from lightning_llm.modules import CausalLMModule
+
+    L.seed_everything(seed, verbose=False)
+    data = ChatSFTDataModule(
+        task="arithmetic",
+        task_kwargs={"digits": 2, "ops": "+-*"},
+        num_train=steps * batch_size,
+        num_val=num_val,
+        batch_size=batch_size,
+        max_length=64,
+        seed=seed,
+    )
+    lm = CausalLMModule("tiny", lr=lr)
+    kwargs = dict(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    L.Trainer(**{**kwargs, **(trainer_kwargs or {})}).fit(lm, data)
+    return lm.model.eval(), data
+
+
+def _quantizer(method: str, L: int, calibration) -> Callable[[nn.Module], nn.Module]:
+    from . import quantize_model, quantize_model_nf4
+
+    if method == "fp32":
+        return lambda m: m
+    if method == "nf4":
+        return quantize_model_nf4
+    if method == "rtn":
+        return lambda m: quantize_model(m, "rtn", incoherence=False)
+    if method == "rtn+hadamard":
+        return lambda m: quantize_model(m, "rtn")
+    if method == "proteus+distill":
+        return lambda m: quantize_model(m, "proteus", L=L, calibration=calibration)
+    return lambda m: quantize_model(m, method, L=L)
+
+
+def compare_quantizers(
+    model: nn.Module,
+    held_out: Sequence[Mapping[str, Tensor]],
+    *,
+    methods: Sequence[str] = METHODS,
+    L: int = 16,
+    calibration: Mapping[str, Tensor] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """``{method: {"perplexity", "seconds", "model"}}``: each method on a fresh copy of ``model``.
+
+    ``seconds`` is the wall time of quantising (and distilling); ``model`` the quantised copy. ``L`` applies
+    to the trellis methods. ``calibration``: a batch (``input_ids``, ``attention_mask``) for
+    ``"proteus+distill"``.
+    """
+    from lightning_llm.metrics import perplexity
+
+    from .linear import distill_quantized
+
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {METHODS}")
+    if "proteus+distill" in methods and calibration is None:
+        raise ValueError("'proteus+distill' needs calibration batches")
+    out: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        start = time.perf_counter()
+        if method == "proteus+distill" and "proteus" in out:
+            # The same bits as "proteus" (the encoding is deterministic): distil a copy instead of re-encoding.
+            quantized = copy.deepcopy(out["proteus"]["model"])
+            distill_quantized(quantized, model, calibration)
+            seconds = out["proteus"]["seconds"] + time.perf_counter() - start
+        else:
+            quantized = _quantizer(method, L, calibration)(copy.deepcopy(model))
+            seconds = time.perf_counter() - start
+        with torch.no_grad():
+            ppl = perplexity(quantized, held_out)
+        out[method] = {"perplexity": ppl, "seconds": seconds, "model": quantized}
+        if log is not None:
+            log(f"{method:>16}: perplexity {ppl:.4f} ({seconds:.1f} s)")
+    return out
