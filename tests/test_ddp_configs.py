@@ -24,6 +24,7 @@ CONFIGS = [
     "sae_fast.yaml",
     "indexmem.yaml",
     "ragep.yaml",
+    "proteus.yaml",
 ]
 
 

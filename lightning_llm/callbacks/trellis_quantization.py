@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from lightning_llm.callbacks.calibration import calibration_batches, check_calibration
 from lightning_llm.quantization.linear import TrellisLinear, quantize_model, save_quantized
 
 __all__ = ["TrellisQuantization"]
+
+_FAST_DEV_RUN_L = 8  # state bits under fast_dev_run (256 states: seconds for the tiny model, not minutes)
 
 
 class TrellisQuantization(Callback):
@@ -26,7 +30,15 @@ class TrellisQuantization(Callback):
     :func:`~lightning_llm.quantization.load_quantized`. Do not also pass ``save_dir`` to ``CausalLMModule``:
     its ``save_pretrained`` output of a quantised model is not loadable by ``load_backbone``. Quantisation is
     deterministic (seeded Hadamards, Viterbi), so under DDP every rank quantises its replica to the same bits
-    without communication.
+    without communication (the optional distillation uses each rank's own first train batches, so under DDP
+    the tuned statistics are then broadcast from rank zero).
+
+    With ``calibration`` (a number of train batches, or a list of strings tokenized by the module's
+    ``tokenizer``), the quantised model's affine statistics are then distilled towards the full-precision one
+    (:func:`~lightning_llm.quantization.distill_affine`; ``distill_tune`` / ``distill_steps`` / ``distill_lr``).
+
+    Under ``fast_dev_run`` the trellis is encoded at ``min(L, 8)`` state bits (and at most 2 distillation
+    steps): the code path runs end to end in seconds instead of minutes; the quality is not meaningful then.
 
     Args:
         method: ``"proteus"``, ``"qtip-1mad"``, ``"qtip-3inst"`` or ``"rtn"``.
@@ -35,6 +47,9 @@ class TrellisQuantization(Callback):
         save_dir: optional directory for :func:`save_quantized`.
         at_fit_end: quantise in ``on_fit_end``; False leaves it to :meth:`quantize`.
         seed: base Hadamard seed (layer ``i`` uses ``seed + i``).
+        calibration: None (data-free), a number of train batches, or a list of strings: few-shot
+            distillation data.
+        distill_tune, distill_steps, distill_lr: see :func:`~lightning_llm.quantization.distill_affine`.
         **quantize_kwargs: passed to :func:`~lightning_llm.quantization.quantize_matrix` (e.g. ``chunk_tiles``,
             ``proxy_tiles``).
     """
@@ -50,28 +65,59 @@ class TrellisQuantization(Callback):
         save_dir: str | Path | None = None,
         at_fit_end: bool = True,
         seed: int = 0,
+        calibration: int | Sequence[str] | None = None,
+        distill_tune: tuple[str, ...] = ("affine", "scales"),
+        distill_steps: int = 50,
+        distill_lr: float = 1e-2,
         **quantize_kwargs: Any,
     ) -> None:
         if method not in ("proteus", "qtip-1mad", "qtip-3inst", "rtn"):
             raise ValueError(f"unknown method {method!r}")
+        check_calibration(calibration, allow_none=True)
+        self.calibration = (
+            calibration if calibration is None or isinstance(calibration, int) else list(calibration)
+        )
+        self.distill = {
+            "distill_tune": tuple(distill_tune),
+            "distill_steps": distill_steps,
+            "distill_lr": distill_lr,
+        }
         self.method, self.bits, self.L, self.V = method, bits, L, V
         self.skip, self.save_dir, self.at_fit_end, self.seed = tuple(skip), save_dir, at_fit_end, seed
         self.quantize_kwargs = dict(quantize_kwargs)
         self.quantized_layers: list[str] = []
+        self.distillation: dict[str, Any] = {}
 
-    def quantize(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Quantise ``model`` in place (see the class docstring) and return it."""
+    def quantize(
+        self,
+        model: torch.nn.Module,
+        calibration=None,
+        *,
+        L: int | None = None,
+        distill_steps: int | None = None,
+    ) -> torch.nn.Module:
+        """Quantise ``model`` in place (see the class docstring) and return it.
+
+        ``calibration``: batches for the distillation (None: data-free); ``L`` / ``distill_steps`` override the
+        callback's settings (used under ``fast_dev_run``).
+        """
+        distill = dict(self.distill)
+        if distill_steps is not None:
+            distill["distill_steps"] = distill_steps
         quantize_model(
             model,
             method=self.method,
             bits=self.bits,
-            L=self.L,
+            L=self.L if L is None else L,
             V=self.V,
             skip=self.skip,
             seed=self.seed,
+            calibration=calibration,
+            **distill,
             **self.quantize_kwargs,
         )
         self.quantized_layers = [n for n, m in model.named_modules() if isinstance(m, TrellisLinear)]
+        self.distillation = dict(getattr(model, "trellis_quantization", {}).get("distillation", {}))
         return model
 
     @override
@@ -79,8 +125,40 @@ class TrellisQuantization(Callback):
         if not self.at_fit_end:
             return
         model = getattr(pl_module, "model", pl_module)
-        self.quantize(model)
-        rank_zero_info(f"TrellisQuantization({self.method}): {len(self.quantized_layers)} layers quantised")
+        calibration = None
+        if self.calibration is not None:
+            calibration = [
+                {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}
+                for batch in calibration_batches(trainer, pl_module, self.calibration)
+            ]
+        quick = bool(trainer.fast_dev_run)
+        self.quantize(
+            model,
+            calibration,
+            L=min(self.L, _FAST_DEV_RUN_L) if quick else None,
+            distill_steps=min(self.distill["distill_steps"], 2) if quick else None,
+        )
+        if calibration is not None and trainer.world_size > 1:
+            # Ranks distilled on different shards: every rank takes rank zero's statistics (same bits).
+            stats = {
+                n: (m.scales, m.code_floats, dict(m.code_params))
+                for n, m in model.named_modules()
+                if isinstance(m, TrellisLinear)
+            }
+            stats = trainer.strategy.broadcast(stats, src=0)
+            for name, (scales, floats, params) in stats.items():
+                layer = model.get_submodule(name)
+                layer.scales.copy_(scales.to(layer.scales.device))
+                layer.code_floats.copy_(floats.to(layer.code_floats.device))
+                layer.code_params = params
+        rank_zero_info(
+            f"TrellisQuantization({self.method}): {len(self.quantized_layers)} layers quantised"
+            + (
+                f", distillation KL {self.distillation['kl_before']:.4g} -> {self.distillation['kl_after']:.4g}"
+                if self.distillation
+                else ""
+            )
+        )
         if self.save_dir is not None and trainer.is_global_zero:
             save_quantized(model, self.save_dir)
             tokenizer = getattr(pl_module, "tokenizer", None)
@@ -95,8 +173,10 @@ class TrellisQuantization(Callback):
             "L": self.L,
             "V": self.V,
             "layers": self.quantized_layers,
+            "distillation": dict(self.distillation),
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.quantized_layers = list(state_dict.get("layers", []))
+        self.distillation = dict(state_dict.get("distillation", {}))

@@ -39,3 +39,39 @@ def test_on_demand_and_errors(tiny_backbone):
     assert len(cb.quantized_layers) == 16 and all("mlp" not in n for n in cb.quantized_layers)
     with pytest.raises(ValueError, match="method"):
         TrellisQuantization("gptq")
+
+
+def test_calibration_distills_after_quantising(quiet_trainer, tmp_path):
+    from lightning_llm.datamodules import ChatSFTDataModule
+    from lightning_llm.modules.causal_lm import CausalLMModule
+
+    module = CausalLMModule()
+    data = ChatSFTDataModule(task="arithmetic", num_train=8, num_val=0, batch_size=4)
+    cb = TrellisQuantization(
+        "proteus", L=6, calibration=1, distill_steps=3, save_dir=tmp_path / "q", chunk_tiles=4096, proxy_tiles=1
+    )
+    quiet_trainer(max_steps=1, callbacks=[cb]).fit(module, datamodule=data)
+    assert cb.distillation["steps"] == 3 and cb.distillation["kl_after"] <= cb.distillation["kl_before"]
+    reloaded = load_quantized(tmp_path / "q")
+    assert reloaded.trellis_quantization["distillation"] == cb.distillation
+    restored = TrellisQuantization()
+    restored.load_state_dict(cb.state_dict())
+    assert restored.distillation == cb.distillation
+
+
+def test_fast_dev_run_uses_a_short_trellis(quiet_trainer):
+    from lightning_llm.datamodules import ChatSFTDataModule
+    from lightning_llm.modules.causal_lm import CausalLMModule
+
+    module = CausalLMModule()
+    data = ChatSFTDataModule(task="arithmetic", num_train=4, num_val=0, batch_size=2)
+    cb = TrellisQuantization("qtip-1mad", L=16, chunk_tiles=4096)
+    quiet_trainer(callbacks=[cb], fast_dev_run=True).fit(module, datamodule=data)
+    layer = module.model.get_submodule(cb.quantized_layers[0])
+    assert layer.L == 8 and len(cb.quantized_layers) == 28
+
+
+def test_bad_calibration_is_rejected():
+    for bad in (0, True, "text", [], [1, 2]):
+        with pytest.raises(ValueError, match="calibration"):
+            TrellisQuantization(calibration=bad)
