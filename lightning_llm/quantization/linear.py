@@ -198,7 +198,8 @@ def quantize_model(
     not ``nn.Linear``). Layer ``i`` (in ``named_modules`` order) uses ``seed + i`` for its Hadamards.
     ``calibration`` (token ids, a batch dict or an iterable of them; None = data-free) turns on Proteus's
     optional few-shot distillation (:func:`~.distill.distill_affine`): a full-precision copy of the model is
-    kept as the teacher, and after quantisation the layers' affine statistics (``distill_tune``, by default
+    kept as the teacher (twice the model's memory while quantising; call :func:`distill_quantized` with your own
+    teacher to avoid the copy), and after quantisation the layers' affine statistics (``distill_tune``, by default
     ``α, β`` and the per-channel scales; RTN and the QTIP codes have no affine and tune their scales) are fitted
     to the teacher's next-token distributions on those sequences for ``distill_steps`` Adam steps at
     ``distill_lr``. The packed bits never change. The incoherence/trellis encoding itself is data-free

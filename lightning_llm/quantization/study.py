@@ -88,6 +88,20 @@ def _quantizer(method: str, L: int, calibration) -> Callable[[nn.Module], nn.Mod
     return lambda m: quantize_model(m, method, L=L)
 
 
+def _response_log_probs(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+    """Next-token log-probabilities ``[n, vocab]`` at the scored positions (``labels[t + 1] != -100``)."""
+    model.eval()
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    scored = batch["labels"][:, 1:] != -100
+    return logits[scored].float().log_softmax(-1)
+
+
+def _mean_kl(reference: Sequence[Tensor], other: Sequence[Tensor]) -> float:
+    """Mean over scored tokens of ``KL(reference ‖ other)``."""
+    total = sum(float((r.exp() * (r - o)).sum()) for r, o in zip(reference, other, strict=True))
+    return total / max(sum(r.shape[0] for r in reference), 1)
+
+
 def compare_quantizers(
     model: nn.Module,
     held_out: Sequence[Mapping[str, Tensor]],
@@ -97,7 +111,10 @@ def compare_quantizers(
     calibration: Mapping[str, Tensor] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``{method: {"perplexity", "seconds", "model"}}``: each method on a fresh copy of ``model``.
+    """``{method: {"perplexity", "kl_to_fp32", "seconds", "model"}}``: each method on a fresh copy of ``model``.
+
+    ``kl_to_fp32``: mean ``KL(p_model ‖ p_quantised)`` of the next-token distributions at the scored held-out
+    positions (what the distillation minimises on its calibration data).
 
     ``seconds`` is the wall time of quantising (and distilling); ``model`` the quantised copy. ``L`` applies
     to the trellis methods. ``calibration``: a batch (``input_ids``, ``attention_mask``) for
@@ -112,6 +129,8 @@ def compare_quantizers(
         raise ValueError(f"unknown methods {unknown}; choose from {METHODS}")
     if "proteus+distill" in methods and calibration is None:
         raise ValueError("'proteus+distill' needs calibration batches")
+    with torch.no_grad():
+        reference = [_response_log_probs(model, batch) for batch in held_out]
     out: dict[str, dict[str, Any]] = {}
     for method in methods:
         start = time.perf_counter()
@@ -125,7 +144,8 @@ def compare_quantizers(
             seconds = time.perf_counter() - start
         with torch.no_grad():
             ppl = perplexity(quantized, held_out)
-        out[method] = {"perplexity": ppl, "seconds": seconds, "model": quantized}
+            kl = _mean_kl(reference, [_response_log_probs(quantized, batch) for batch in held_out])
+        out[method] = {"perplexity": ppl, "kl_to_fp32": kl, "seconds": seconds, "model": quantized}
         if log is not None:
-            log(f"{method:>16}: perplexity {ppl:.4f} ({seconds:.1f} s)")
+            log(f"{method:>16}: perplexity {ppl:.4f}, KL to fp32 {kl:.4f} nats/token ({seconds:.1f} s)")
     return out

@@ -33,6 +33,7 @@ import torch
 from lightning_llm.backbone import load_backbone
 from lightning_llm.datamodules import ChatSFTDataModule
 from lightning_llm.datamodules.tasks import Example, Task, get_task, register_task
+from lightning_llm.metrics import token_nll
 from lightning_llm.modules import CausalLMModule
 from lightning_llm.pruning import ExpertPruning
 
@@ -63,18 +64,9 @@ class _RagepMixture(Task):
         return max(t.score(completion, example) for t in self.tasks)
 
 
-@torch.no_grad()
 def heldout_loss(model: torch.nn.Module, batches) -> float:
     """Mean cross-entropy per supervised (response) token."""
-    total, count = 0.0, 0
-    model.eval()
-    for batch in batches:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        labels = batch["labels"][:, 1:]
-        total += float(
-            torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
-        )
-        count += int((labels != -100).sum())
+    total, count = token_nll(model, batches)
     return total / count
 
 
