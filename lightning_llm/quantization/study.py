@@ -72,7 +72,7 @@ def train_arithmetic_model(
     return lm.model.eval(), data
 
 
-def _quantizer(method: str, L: int, calibration) -> Callable[[nn.Module], nn.Module]:
+def _quantizer(method: str, L: int, calibration, distill_steps: int) -> Callable[[nn.Module], nn.Module]:
     from . import quantize_model, quantize_model_nf4
 
     if method == "fp32":
@@ -84,7 +84,9 @@ def _quantizer(method: str, L: int, calibration) -> Callable[[nn.Module], nn.Mod
     if method == "rtn+hadamard":
         return lambda m: quantize_model(m, "rtn")
     if method == "proteus+distill":
-        return lambda m: quantize_model(m, "proteus", L=L, calibration=calibration)
+        return lambda m: quantize_model(
+            m, "proteus", L=L, calibration=calibration, distill_steps=distill_steps
+        )
     return lambda m: quantize_model(m, method, L=L)
 
 
@@ -109,6 +111,7 @@ def compare_quantizers(
     methods: Sequence[str] = METHODS,
     L: int = 16,
     calibration: Mapping[str, Tensor] | None = None,
+    distill_steps: int = 50,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``{method: {"perplexity", "kl_to_fp32", "seconds", "model"}}``: each method on a fresh copy of ``model``.
@@ -118,7 +121,7 @@ def compare_quantizers(
 
     ``seconds`` is the wall time of quantising (and distilling); ``model`` the quantised copy. ``L`` applies
     to the trellis methods. ``calibration``: a batch (``input_ids``, ``attention_mask``) for
-    ``"proteus+distill"``.
+    ``"proteus+distill"``, distilled for ``distill_steps`` Adam steps.
     """
     from lightning_llm.metrics import perplexity
 
@@ -137,10 +140,10 @@ def compare_quantizers(
         if method == "proteus+distill" and "proteus" in out:
             # The same bits as "proteus" (the encoding is deterministic): distil a copy instead of re-encoding.
             quantized = copy.deepcopy(out["proteus"]["model"])
-            distill_quantized(quantized, model, calibration)
+            distill_quantized(quantized, model, calibration, steps=distill_steps)
             seconds = out["proteus"]["seconds"] + time.perf_counter() - start
         else:
-            quantized = _quantizer(method, L, calibration)(copy.deepcopy(model))
+            quantized = _quantizer(method, L, calibration, distill_steps)(copy.deepcopy(model))
             seconds = time.perf_counter() - start
         with torch.no_grad():
             ppl = perplexity(quantized, held_out)
