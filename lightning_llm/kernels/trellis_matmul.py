@@ -32,7 +32,9 @@ batch of ``M`` rows decodes each weight ``⌈M / 16⌉`` times (once for decode-
 large prefills, decoding once to a dense bf16 weight and calling a dense matmul would be cheaper, not done
 here). The state is rebuilt with ``L`` one-bit reads per weight (simple and exact for any ``k·V``; a
 word-level funnel shift would be faster). The matmul is an fp32 ``tl.dot`` with ``input_precision="ieee"``.
-The reference decodes the whole weight on every call (no cache).
+The reference decodes the whole weight on every call (no cache); ``_backend="compiled"`` (set per model with
+:func:`lightning_llm.quantization.set_trellis_backend`) runs the same decode through ``torch.compile``, which
+fuses it into one loop (measured on a 2-core CPU for a 1024 × 1024 layer: 60 ms → 7 ms per call).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ __all__ = ["CODE_IDS", "trellis_matmul"]
 #: Integer ids of the codes in the op's schema. The kernel supports 0 and 1.
 CODE_IDS = {"qtip-1mad": 0, "proteus": 1, "qtip-3inst": 2, "rtn": 3}
 _KERNEL_CODES = (0, 1)
-_BACKENDS = ("auto", "triton", "torch")
+_BACKENDS = ("auto", "triton", "torch", "compiled")
 
 
 @functools.lru_cache(maxsize=256)
@@ -101,8 +103,8 @@ def trellis_matmul(
         code: ``"qtip-1mad"``, ``"proteus"`` (Triton-capable), ``"qtip-3inst"`` or ``"rtn"`` (reference only).
         code_params: the code constants (``QuantizedMatrix.code_params``).
         L, k, V, tile, seed_out, seed_in, incoherence: as in the :class:`QuantizedMatrix`.
-        _backend: ``"auto"``, or force ``"triton"`` / ``"torch"`` (tests). ``_block`` forces the kernel's
-            N/K block (a power of two ≥ 16).
+        _backend: ``"auto"``, ``"compiled"`` (the reference's decode through ``torch.compile``), or force
+            ``"triton"`` / ``"torch"`` (tests). ``_block`` forces the kernel's N/K block (a power of two ≥ 16).
     """
     m, n = shape
     if x.shape[-1] != n:
@@ -171,6 +173,58 @@ def _torch_trellis_matmul(
     return x @ (q * scales.unsqueeze(1)).t()
 
 
+def _decode_scaled(
+    packed: Tensor, scales: Tensor, ints: Tensor, floats: Tensor, m: int, n: int, code_id: int, L, k, V, tile
+) -> Tensor:
+    """``diag(σ) q [m, n]`` for 1MAD / MUL-BAL, the code constants as tensors: ``ints = [c0, c1]`` (int64),
+    ``floats = [α, β]``.
+
+    The same arithmetic as :mod:`lightning_llm.quantization.codes` (bit-exact, tested), written so that
+    ``torch.compile`` sees the per-layer constants as data, not as Python numbers: one compiled graph per layer
+    shape serves every layer of that shape (constants baked in would recompile for every layer).
+    """
+    from lightning_llm.quantization.trellis import _window_states
+
+    states = _window_states(packed, tile // V, L, k * V)
+    c0, c1 = ints[0], ints[1]
+    values = []
+    x = states
+    for _ in range(V):
+        if code_id == 0:  # 1MAD: x = (a x + b) mod 2^32; (byte sum - 510) / 147.8
+            x = (c0 * x + c1) & 0xFFFFFFFF
+            v = ((x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + ((x >> 24) & 255) - 510).float() / 147.8
+        else:  # MUL-BAL: x = (mult x) mod 2^32, x ^= x >> shift; alternating byte sum, then α g + β
+            x = (c0 * x) & 0xFFFFFFFF
+            x = x ^ (x >> c1)
+            g = ((x & 255) - ((x >> 8) & 255) + ((x >> 16) & 255) - ((x >> 24) & 255)).float() / 147.8
+            v = floats[0] * g + floats[1]
+        values.append(v)
+    q = torch.stack(values, dim=-1).reshape(-1)[: m * n].view(m, n)
+    return q * scales.unsqueeze(1)
+
+
+@functools.cache
+def _compiled_decode():
+    return torch.compile(_decode_scaled, dynamic=False)
+
+
+def _compiled_trellis_matmul(
+    x: Tensor, packed: Tensor, scales: Tensor, m: int, code_id, c0, c1, alpha, beta, L, k, V, tile
+) -> Tensor:
+    """The reference's ``x (diag(σ) q)ᵀ`` with the decode compiled by ``torch.compile`` (CPU or GPU).
+
+    The first call per layer shape compiles (seconds); later calls run the state extraction, the code and the
+    scaling as one generated loop (≈ 8x faster than the eager reference on a CPU). Codes 1MAD and MUL-BAL;
+    the others fall back to the eager reference.
+    """
+    if code_id not in _KERNEL_CODES or (tile // V) * k * V % 8 or L > 24:
+        return _torch_trellis_matmul(x, packed, scales, m, code_id, c0, c1, alpha, beta, L, k, V, tile)
+    ints = torch.tensor([c0, c1], dtype=torch.int64, device=packed.device)
+    floats = torch.tensor([alpha, beta], dtype=torch.float32, device=packed.device)
+    weight = _compiled_decode()(packed, scales, ints, floats, m, x.shape[1], code_id, L, k, V, tile)
+    return x @ weight.t()
+
+
 def _resolve_backend(backend: str, code_id: int, V: int, k: int, *tensors: Tensor) -> str:
     fits = code_id in _KERNEL_CODES and V in (1, 2) and k * V <= 8
     if backend == "auto":
@@ -210,6 +264,10 @@ def _trellis_matmul_op(
 
             return _trellis_matmul_triton.trellis_matmul_forward(
                 x, packed, scales, n_out, code_id, c0, c1, alpha, beta, L, k, V, tile, block
+            )
+        if backend == "compiled":
+            return _compiled_trellis_matmul(
+                x, packed, scales, n_out, code_id, c0, c1, alpha, beta, L, k, V, tile
             )
         return _torch_trellis_matmul(x, packed, scales, n_out, code_id, c0, c1, alpha, beta, L, k, V, tile)
 

@@ -20,7 +20,14 @@ from .codes import (
 )
 from .distill import distill_affine
 from .hadamard import RandomHadamard, fwht, incoherence_process, incoherence_unprocess
-from .linear import TrellisLinear, distill_quantized, load_quantized, quantize_model, save_quantized
+from .linear import (
+    TrellisLinear,
+    distill_quantized,
+    load_quantized,
+    quantize_model,
+    save_quantized,
+    set_trellis_backend,
+)
 from .quantize import QuantizedMatrix, decode_normalized, dequantize, quantize_matrix
 from .trellis import brute_force, decode_packed, decode_states, pack, unpack, viterbi
 
@@ -51,6 +58,7 @@ __all__ = [
     "quantize_model",
     "quantize_model_nf4",
     "save_quantized",
+    "set_trellis_backend",
     "unpack",
     "viterbi",
 ]

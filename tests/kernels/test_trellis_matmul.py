@@ -83,6 +83,33 @@ def test_reference_L16_and_V2(code):
         _assert_close(_call(x, qm), x @ dequantize(qm).t(), TOL[torch.float32], f"{code} L={L} V={V}")
 
 
+def test_compiled_backend_equals_reference():
+    """``_backend="compiled"`` (torch.compile of the decode with tensor constants) is bit-exact with the eager
+    reference: the same integer arithmetic and the same fp32 ops. 3INST / RTN fall back to the reference."""
+    for code, V, shape in (("proteus", 1, (33, 70)), ("qtip-1mad", 2, (20, 36)), ("qtip-3inst", 1, (20, 36))):
+        qm = _qm(code, shape, V=V)
+        x = _x(3, shape[1])
+        assert torch.equal(_call(x, qm, _backend="compiled"), _call(x, qm, _backend="torch")), (code, V)
+
+
+def test_set_trellis_backend_on_a_model():
+    from torch import nn
+
+    from lightning_llm.quantization import TrellisLinear, set_trellis_backend
+
+    model = nn.Sequential(
+        TrellisLinear(_qm("proteus", (33, 70))), nn.ReLU(), TrellisLinear(_qm("proteus", (20, 33), seed=1))
+    )
+    x = _x(4, 70)
+    with torch.no_grad():
+        eager = model[2](model[0](x))
+        set_trellis_backend(model, "compiled")
+        assert model[0].backend == model[2].backend == "compiled"
+        assert torch.equal(model[2](model[0](x)), eager)
+    with pytest.raises(ValueError, match="backend"):
+        set_trellis_backend(model, "gpu")
+
+
 def test_leading_dims_dtype_and_no_incoherence():
     W = torch.randn(9, 24, generator=torch.Generator().manual_seed(3))
     qm = quantize_matrix(W, code="qtip-1mad", L=8, incoherence=False)
