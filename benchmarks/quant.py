@@ -15,7 +15,8 @@ Three measurements in one process, same data and model for every method:
    (``lightning_llm.kernels.trellis_matmul``: on CPU its PyTorch reference decodes the weight from the packed
    bits on every call, then one matmul; the Triton kernel is CUDA-only), bitsandbytes ``Linear4bit`` NF4 (its
    fastest CPU path: the packed AVX512-bf16 kernel where the CPU has it, else dequantise + matmul) and fp32
-   ``nn.Linear``; median over ``--reps`` after a warm-up. The layer is encoded at ``--matmul-L`` (the decode
+   ``nn.Linear``; median over ``--reps`` after a warm-up; also ours with ``set_trellis_backend(..., "compiled")``
+   (the same decode through ``torch.compile``; must equal the eager reference bit for bit). The layer is encoded at ``--matmul-L`` (the decode
    cost does not depend on L; encoding at 16 would take ~8 CPU-minutes). Correctness: ours must equal
    ``x @ dequantize(...)ᵀ``.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 import time
 from pathlib import Path
@@ -110,7 +112,7 @@ def _model(steps: int, L: int, seed: int) -> dict:
 
 
 def _matmul(L: int, batches: list[int], reps: int) -> dict:
-    from lightning_llm.quantization import TrellisLinear, dequantize, quantize_model_nf4
+    from lightning_llm.quantization import TrellisLinear, dequantize, quantize_model_nf4, set_trellis_backend
 
     torch.manual_seed(0)
     dense = torch.nn.Linear(1024, 1024, bias=False).eval()
@@ -118,6 +120,7 @@ def _matmul(L: int, batches: list[int], reps: int) -> dict:
     ours = TrellisLinear.from_linear(dense, code="proteus", L=L).eval()
     encode_s = time.perf_counter() - start
     nf4 = quantize_model_nf4(torch.nn.Sequential(copy.deepcopy(dense)), skip=(), cpu_bf16_kernel=True)[0].eval()
+    compiled = set_trellis_backend(copy.deepcopy(ours), "compiled")
     w_hat = dequantize(ours.quantized_matrix())
     out = {"encode_seconds_at_L": encode_s, "L": L, "batches": {}}
     correct = True
@@ -125,13 +128,15 @@ def _matmul(L: int, batches: list[int], reps: int) -> dict:
         for b in batches:
             x = torch.randn(b, 1024)
             ok = torch.allclose(ours(x), x @ w_hat.t(), rtol=1e-4, atol=1e-4)
-            correct &= ok
-            row = {"ours_matches_reference": ok}
-            for label, layer in (("ours", ours), ("nf4", nf4), ("fp32", dense)):
+            ok_compiled = torch.equal(compiled(x), ours(x))
+            correct &= ok and ok_compiled
+            row = {"ours_matches_reference": ok, "compiled_equals_eager": ok_compiled}
+            for label, layer in (("ours", ours), ("ours_compiled", compiled), ("nf4", nf4), ("fp32", dense)):
                 row[label] = time_repeated(lambda layer=layer, x=x: layer(x), reps=reps, warmup=2)
             out["batches"][str(b)] = row
             print(
-                f"matmul batch {b:>4}: ours {row['ours']['median'] * 1e3:.2f} ms, NF4 "
+                f"matmul batch {b:>4}: ours {row['ours']['median'] * 1e3:.2f} ms (compiled "
+                f"{row['ours_compiled']['median'] * 1e3:.2f} ms), NF4 "
                 f"{row['nf4']['median'] * 1e3:.2f} ms, fp32 {row['fp32']['median'] * 1e3:.2f} ms",
                 flush=True,
             )
@@ -151,9 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--parts", nargs="+", default=["gaussian", "model", "matmul"])
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--merge", action="store_true", help="keep the parts not run from results/quant.json")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     results: dict = {}
+    if args.merge:  # keep the other parts of the last run (e.g. re-time the matmul without re-encoding at L=16)
+        from _common import RESULTS_DIR
+
+        previous = json.loads((RESULTS_DIR / f"{NAME}.json").read_text())
+        results = {k: v for k, v in previous["results"].items() if k not in args.parts}
+        results_config = previous.get("config", {})
     if "gaussian" in args.parts:
         results["gaussian"] = _gaussian(args.gauss_rows, args.L)
     if "model" in args.parts:
@@ -184,13 +196,18 @@ def main(argv: list[str] | None = None) -> int:
                 summary_row(NAME, "trellis_matmul (Proteus, CPU reference)", "bitsandbytes NF4 Linear4bit",
                             f"time per 1024x1024 matmul, batch {b}, s", row["ours"]["median"], row["nf4"]["median"], "lower")
             )  # fmt: skip
+            if "ours_compiled" in row:
+                summary.append(
+                    summary_row(NAME, "trellis_matmul (Proteus, backend 'compiled')", "bitsandbytes NF4 Linear4bit",
+                                f"time per 1024x1024 matmul, batch {b}, s", row["ours_compiled"]["median"], row["nf4"]["median"], "lower")
+                )  # fmt: skip
     payload = {
         "benchmark": NAME,
         "description": __doc__.split("\n\n")[0],
         "date": utc_now(),
         "machine": machine_info(),
         "versions": package_versions(["torch", "transformers", "bitsandbytes", "lightning", "lightning-llm"]),
-        "config": vars(args),
+        "config": vars(args) | ({"merged_from": results_config} if args.merge else {}),
         "references": {"lloyd_max_2bit_mse": LLOYD_MAX_2BIT, "distortion_rate_bound_2bit": BOUND_2BIT},
         "results": results,
         "summary": summary,
