@@ -250,6 +250,7 @@ class BudgetedCache(DynamicCache):
         self.peak_bytes = 0
         self._bytes = [0] * num_layers
         self._pending: dict[int, tuple[Tensor, float]] = {}
+        self.attended: dict[int, tuple[Tensor, int]] = {}
         policy.reset()
 
     # -- accounting -------------------------------------------------------------------------------------------
@@ -265,6 +266,7 @@ class BudgetedCache(DynamicCache):
         self.peak_bytes = 0
         self._bytes = [0] * len(self.layers)
         self._pending.clear()
+        self.attended.clear()
         self.policy.reset()
 
     # -- query capture ----------------------------------------------------------------------------------------
@@ -348,6 +350,9 @@ class BudgetedCache(DynamicCache):
                 layer.evicted += s - self.budget
                 policy.prune(layer_idx, keep)
         layer.keys, layer.values, layer.positions = kept_k, kept_v, kept_p
+        # What this forward attends to (the pre-eviction set) and its new-token count, for a memory that
+        # weighs its readout against the attended mass (LatentMemory(mode="softmax")); dropped by the next update.
+        self.attended[layer_idx] = (keys, q)
         layer.peak_kept = max(layer.peak_kept, layer.kept)
         self._bytes[layer_idx] = (
             kept_k.numel() * kept_k.element_size() + kept_v.numel() * kept_v.element_size()

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from lightning_llm.backbone import eval_mode
 from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, LayerStats, OnEvict, check_model
+from lightning_llm.eviction.memory import LatentMemory
 
 __all__ = ["GenerationResult", "generate_with_budget"]
 
@@ -112,7 +113,12 @@ def generate_with_budget(
     next_input = input_ids
     if hasattr(memory, "reset"):
         memory.reset()
-    readout = memory.attach(model) if hasattr(memory, "attach") else contextlib.nullcontext()
+    if isinstance(memory, LatentMemory):
+        readout = memory.attach(model, cache=cache)
+    elif hasattr(memory, "attach"):
+        readout = memory.attach(model)
+    else:
+        readout = contextlib.nullcontext()
     with eval_mode(model), cache.attach(model), readout:
         for _ in range(max_new_tokens):
             seen = cache.get_seq_length()

@@ -21,6 +21,20 @@ full-cache outputs. With nothing evicted there is no state and nothing is added:
 cache's. The readout a forward adds uses the state from before that forward's own evictions (a token is never
 both attended to and read from memory in the same step).
 
+``mode="softmax"`` (opt-in) instead treats the memory as one more slot of the attention softmax: with
+:math:`\ell_{t,s}` the scaled logits of the keys the forward attended to (cache ``attended``) and
+:math:`Z_t = \sum_s e^{\ell_{t,s}}`, the memory's mass is estimated as
+:math:`m_{t,h} = g_{t,h}\, e^{c_{\ell,h}}\, \phi(q_t)\cdot z_{j(h)}` (the linear-attention estimate of the evicted keys'
+:math:`\sum e^{\ell}`, up to the learned per-head scale :math:`e^{c}`), and
+
+.. math::
+
+    o_{t,h} \leftarrow \frac{Z_t\, o_{t,h} + m_{t,h}\, r_{t,h}}{Z_t + m_{t,h}}
+    = o_{t,h} + \sigma(\log m_{t,h} - \log Z_t)\,(r_{t,h} - o_{t,h}),
+
+so that a confident match among the kept keys (large :math:`Z_t`) outweighs the blurred readout :math:`r`. It needs
+the cache (``attach(model, cache=...)``; ``generate_with_budget`` passes it).
+
 Exact forms in the paper (arXiv 2605.25475) are unverified: ``φ``, ``ε``, the placement of the residual (head
 outputs before ``o_proj``) and the token-dependent sigmoid gate are our reading.
 """
@@ -52,11 +66,25 @@ class LatentMemory(nn.Module):
         hidden_size: width of the hidden states (the gate's input).
         num_heads: query heads per layer.
         gate_bias: initial gate logit (``σ(-3) ≈ 0.05``); the gate weights start at zero.
+        mode: ``"residual"`` (the gated readout is added) or ``"softmax"`` (the readout is one more softmax slot
+            weighed against the attended mass; see the module docstring).
     """
 
-    def __init__(self, num_layers: int, hidden_size: int, num_heads: int, gate_bias: float = -3.0) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        hidden_size: int,
+        num_heads: int,
+        gate_bias: float = -3.0,
+        mode: str = "residual",
+    ) -> None:
         super().__init__()
+        if mode not in ("residual", "softmax"):
+            raise ValueError(f"mode must be 'residual' or 'softmax', got {mode!r}")
+        self.mode = mode
         self.num_heads = int(num_heads)
+        if mode == "softmax":  # log e^c of the mass estimate, per layer and query head
+            self.log_mass_scale = nn.Parameter(torch.zeros(num_layers, num_heads))
         self.gates = nn.ModuleList(nn.Linear(hidden_size, num_heads) for _ in range(num_layers))
         for gate in self.gates:
             nn.init.zeros_(gate.weight)
@@ -66,10 +94,10 @@ class LatentMemory(nn.Module):
         self.evicted_tokens = 0
 
     @classmethod
-    def for_model(cls, model: nn.Module, gate_bias: float = -3.0) -> LatentMemory:
+    def for_model(cls, model: nn.Module, gate_bias: float = -3.0, mode: str = "residual") -> LatentMemory:
         """A memory sized for ``model`` (an HF decoder)."""
         config = model.config.get_text_config(decoder=True)
-        return cls(config.num_hidden_layers, config.hidden_size, config.num_attention_heads, gate_bias)
+        return cls(config.num_hidden_layers, config.hidden_size, config.num_attention_heads, gate_bias, mode)
 
     def reset(self) -> None:
         """Forget every folded token (a new sequence)."""
@@ -94,11 +122,19 @@ class LatentMemory(nn.Module):
             self.evicted_tokens += keys.shape[2]
 
     @contextlib.contextmanager
-    def attach(self, model: nn.Module) -> Iterator[LatentMemory]:
-        """Hook ``model``'s attention modules so that each forward adds the gated readout to the head outputs."""
+    def attach(self, model: nn.Module, cache=None) -> Iterator[LatentMemory]:
+        """Hook ``model``'s attention modules so that each forward adds the gated readout to the head outputs.
+
+        ``cache``: the :class:`~lightning_llm.eviction.BudgetedCache` the forwards use (required in ``"softmax"``
+        mode, which reads the attended keys from it).
+        """
         modules = check_model(model, needs_attention=True)
         if len(modules) != len(self.gates):
             raise ValueError(f"LatentMemory has {len(self.gates)} layers, the model {len(modules)}")
+        if self.mode == "softmax" and cache is None:
+            raise ValueError("LatentMemory(mode='softmax') needs the cache: attach(model, cache=cache)")
+        self._cache = cache
+        self._scaling = {idx: float(module.scaling) for idx, module in modules.items()}
         handles = []
         for idx, module in modules.items():
             handles.append(module.register_forward_pre_hook(self._capture, with_kwargs=True))
@@ -128,8 +164,31 @@ class LatentMemory(nn.Module):
             queries, gate, state, norm = snap
             heads = args[0]  # [B, T, Hq * D]
             read = memory_readout(queries, state, norm)  # [B, Hq, T, D]
-            read = read * gate.transpose(1, 2)[..., None]
             b, hq, t, d = read.shape
+            if self.mode == "softmax":
+                attended, new = self._cache.attended[idx]
+                weight = self._slot_weight(idx, queries, attended, new, gate, norm)  # [B, Hq, T]
+                out = heads.view(b, t, hq, d).transpose(1, 2).float()
+                out = out + weight[..., None] * (read - out)
+                return (out.transpose(1, 2).reshape(b, t, hq * d).to(heads.dtype), *args[1:])
+            read = read * gate.transpose(1, 2)[..., None]
             return (heads + read.transpose(1, 2).reshape(b, t, hq * d).to(heads.dtype), *args[1:])
 
         return hook
+
+    def _slot_weight(
+        self, idx: int, queries: Tensor, keys: Tensor, new: int, gate: Tensor, norm: Tensor
+    ) -> Tensor:
+        """``σ(log m − log Z)`` ``[B, Hq, T]`` (``"softmax"`` mode): the memory slot's share of the softmax."""
+        b, hq, t, d = queries.shape
+        hkv, s = keys.shape[1], keys.shape[2]
+        qg = queries.float().reshape(b, hkv, hq // hkv, t, d)
+        logits = torch.einsum("bhgtd,bhsd->bhgts", qg, keys.float()) * self._scaling[idx]
+        rows = torch.arange(new - t, new, device=keys.device) + (s - new)  # the forward's last t queries
+        logits = logits.masked_fill(torch.arange(s, device=keys.device)[None, :] > rows[:, None], -torch.inf)
+        log_z = logits.logsumexp(dim=-1).reshape(b, hq, t)
+        fq = phi(queries.float()).reshape(b, hkv, hq // hkv, t, d)
+        mass = torch.einsum("bhgtf,bhf->bhgt", fq, norm.float()).reshape(b, hq, t)
+        log_m = mass.clamp_min(1e-30).log() + gate.transpose(1, 2).float().clamp_min(1e-30).log()
+        log_m = log_m + self.log_mass_scale[idx].view(1, hq, 1)
+        return torch.sigmoid(log_m - log_z)

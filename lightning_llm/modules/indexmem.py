@@ -74,6 +74,8 @@ class IndexMemModule(L.LightningModule):
         observation_window: without ``accumulate``, how many of a forward's last queries vote (default 1: the
             newest query's predicted future mass).
         gate_bias: initial memory-gate logit.
+        memory_mode: ``"residual"`` (gated readout added) or ``"softmax"`` (the readout as one more softmax slot
+            weighed against the attended mass); see :class:`~lightning_llm.eviction.LatentMemory`.
         indexer_weight, memory_weight: ``λ_I``, ``λ_M``; ``memory_weight=0`` trains the indexer alone.
         lr, weight_decay, betas: AdamW over the indexers and gates.
         save_dir: if set, :meth:`save_pretrained` writes the indexers and gates there at the end of ``fit``.
@@ -94,6 +96,7 @@ class IndexMemModule(L.LightningModule):
         observation_window: int = 1,
         target: str = "future",
         gate_bias: float = -3.0,
+        memory_mode: str = "residual",
         indexer_weight: float = 1.0,
         memory_weight: float = 1.0,
         lr: float = 3e-3,
@@ -127,7 +130,7 @@ class IndexMemModule(L.LightningModule):
             LightningIndexer(config.hidden_size, indexer_heads, indexer_dim)
             for _ in range(config.num_hidden_layers)
         )
-        self.memory = LatentMemory.for_model(self.model, gate_bias=gate_bias)
+        self.memory = LatentMemory.for_model(self.model, gate_bias=gate_bias, mode=memory_mode)
 
     # ------------------------------------------------------------------------------------------- inference
 
@@ -222,7 +225,7 @@ class IndexMemModule(L.LightningModule):
                 policy, self.budget_for(start, ratio), num_layers, on_evict=self.memory.on_evict
             )
             self.memory.reset()
-            with cache.attach(self.model), self.memory.attach(self.model):
+            with cache.attach(self.model), self.memory.attach(self.model, cache=cache):
                 with torch.no_grad():
                     self.model(
                         input_ids=ids[:, :start],
@@ -317,6 +320,7 @@ class IndexMemModule(L.LightningModule):
             "observation_window",
             "target",
             "gate_bias",
+            "memory_mode",
         )
         config = {k: self.hparams[k] for k in keep} | {"model": str(self.hparams.model)}
         (directory / _CONFIG_FILE).write_text(json.dumps(config, indent=2))

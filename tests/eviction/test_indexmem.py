@@ -244,3 +244,93 @@ def test_indexmem_module_errors():
         IndexMemModule("tiny", budget_ratio=0.0)
     with pytest.raises(ValueError, match="not both 0"):
         IndexMemModule("tiny", indexer_weight=0.0, memory_weight=0.0)
+
+
+def _decode_steps(model, prompt, cache, memory, steps=3):
+    """Prefill + greedy decode through ``cache`` with ``memory`` attached; the o_proj inputs of layer 3's last step."""
+    captured = {}
+    ids, start = prompt, 0
+    with torch.no_grad(), cache.attach(model), memory.attach(model, cache=cache):
+        # registered after the memory's hooks, so it sees the o_proj input with the readout mixed in
+        handle = model.model.layers[3].self_attn.o_proj.register_forward_pre_hook(
+            lambda _m, args: captured.__setitem__("heads", args[0].clone())
+        )
+        try:
+            for _ in range(steps):
+                pos = torch.arange(start, start + ids.shape[1])[None]
+                logits = model(
+                    input_ids=ids, position_ids=pos, use_cache=True, **{_cache_kwarg(model): cache}
+                ).logits
+                start += ids.shape[1]
+                ids = logits[:, -1:].argmax(-1)
+        finally:
+            handle.remove()
+    return captured["heads"], logits
+
+
+def test_softmax_memory_interpolates_between_the_cache_and_the_readout(model, prompt, indexers):
+    """mode="softmax": out = o + σ(log m − log Z)(r − o); a tiny mass gives the cache's output, a huge one the
+    readout (checked against memory_readout of layer 3's state and queries by hand)."""
+    from lightning_llm.eviction.base import rotated_queries
+
+    def run(log_scale):
+        torch.manual_seed(1)
+        memory = LatentMemory.for_model(model, gate_bias=0.0, mode="softmax")
+        with torch.no_grad():
+            memory.log_mass_scale.fill_(log_scale)
+        policy = IndexerPolicy(indexers, sinks=2, window=4)
+        cache = BudgetedCache(policy, 12, num_layers=4, on_evict=memory.on_evict)
+        return _decode_steps(model, prompt, cache, memory), memory
+
+    policy = IndexerPolicy(indexers, sinks=2, window=4)
+    plain = LatentMemory.for_model(model, gate_bias=-1e4)  # residual mode with a closed gate: the cache alone
+    (cache_heads, cache_logits) = _decode_steps(
+        model, prompt, BudgetedCache(policy, 12, 4, plain.on_evict), plain
+    )
+    (low_heads, low_logits), _ = run(-200.0)
+    torch.testing.assert_close(low_heads, cache_heads, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(low_logits, cache_logits, rtol=1e-5, atol=1e-5)
+
+    # a huge mass: the head outputs are the readout of the state before the step, for the step's queries
+    torch.manual_seed(1)
+    memory = LatentMemory.for_model(model, gate_bias=0.0, mode="softmax")
+    with torch.no_grad():
+        memory.log_mass_scale.fill_(200.0)
+    cache = BudgetedCache(IndexerPolicy(indexers, sinks=2, window=4), 12, 4, on_evict=memory.on_evict)
+    seen = {}
+    attn = model.model.layers[3].self_attn
+
+    def grab(module, args, kwargs):
+        state = memory.state(3)  # None at the prefill (nothing evicted yet)
+        seen["q"] = rotated_queries(module, args, kwargs)
+        seen["state"] = None if state is None else tuple(t.clone() for t in state)
+
+    handle = attn.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        high_heads, _ = _decode_steps(model, prompt, cache, memory)
+    finally:
+        handle.remove()
+    read = memory_readout(seen["q"], *seen["state"])  # [1, Hq, 1, D]
+    torch.testing.assert_close(
+        high_heads, read.transpose(1, 2).reshape(high_heads.shape), rtol=1e-4, atol=1e-5
+    )
+    assert not torch.allclose(high_heads, cache_heads, atol=1e-3)
+
+
+def test_softmax_memory_needs_the_cache_and_trains(model, quiet_trainer, tmp_path):
+    from lightning_llm.modules import IndexMemModule
+
+    memory = LatentMemory.for_model(model, mode="softmax")
+    with pytest.raises(ValueError, match="needs the cache"), memory.attach(model):
+        pass
+    with pytest.raises(ValueError, match="mode"):
+        LatentMemory.for_model(model, mode="slot")
+    torch.manual_seed(0)
+    module = IndexMemModule("tiny", budget=12, sinks=2, window=4, lr=1e-2, memory_mode="softmax")
+    scale = module.memory.log_mass_scale.detach().clone()
+    quiet_trainer(max_steps=5).fit(module, _needle_data())
+    assert not torch.equal(module.memory.log_mass_scale, scale)
+    module.save_pretrained(tmp_path)
+    loaded = IndexMemModule.from_pretrained(tmp_path)
+    assert loaded.memory.mode == "softmax"
+    assert torch.equal(loaded.memory.log_mass_scale, module.memory.log_mass_scale)
