@@ -2,8 +2,8 @@ r"""IndexMemModule: train a learned KV-eviction indexer and a latent memory of e
 
 The backbone is frozen. Per layer, a :class:`~lightning_llm.eviction.LightningIndexer` learns to predict the
 layer's attention distribution (averaged over query heads) from the layer's attention input, and a
-:class:`~lightning_llm.eviction.LatentMemory` gate learns when to add the linear-attention readout of the evicted
-tokens. One training step on a batch of prompt + response sequences (``labels`` = -100 on the prompt, as the chat
+:class:`~lightning_llm.eviction.LatentMemory` (gate and, in the default ``memory_mode="softmax"``, the per-head
+scale of its mass) learns how much of the linear-attention readout of the evicted tokens to mix in. One training step on a batch of prompt + response sequences (``labels`` = -100 on the prompt, as the chat
 SFT DataModules produce):
 
 1. **Full cache** (no grad): one forward of the whole batch; the per-layer attention probabilities
@@ -74,8 +74,9 @@ class IndexMemModule(L.LightningModule):
         observation_window: without ``accumulate``, how many of a forward's last queries vote (default 1: the
             newest query's predicted future mass).
         gate_bias: initial memory-gate logit.
-        memory_mode: ``"residual"`` (gated readout added) or ``"softmax"`` (the readout as one more softmax slot
-            weighed against the attended mass); see :class:`~lightning_llm.eviction.LatentMemory`.
+        memory_mode: ``"softmax"`` (default: the readout as one more softmax slot weighed against the attended
+            mass) or ``"residual"`` (the gated readout added; less reliable, see
+            ``tests/behaviour/test_kv_eviction.py``); see :class:`~lightning_llm.eviction.LatentMemory`.
         indexer_weight, memory_weight: ``λ_I``, ``λ_M``; ``memory_weight=0`` trains the indexer alone.
         lr, weight_decay, betas: AdamW over the indexers and gates.
         save_dir: if set, :meth:`save_pretrained` writes the indexers and gates there at the end of ``fit``.
@@ -96,7 +97,7 @@ class IndexMemModule(L.LightningModule):
         observation_window: int = 1,
         target: str = "future",
         gate_bias: float = -3.0,
-        memory_mode: str = "residual",
+        memory_mode: str = "softmax",
         indexer_weight: float = 1.0,
         memory_weight: float = 1.0,
         lr: float = 3e-3,

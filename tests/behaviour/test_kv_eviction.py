@@ -23,15 +23,30 @@ indexer         1.00    1.00       0.93       0.90       0.60
 indexer+memory  1.00    1.00       1.00       0.98       0.995
 ==============  ======  =========  =========  =========  =========
 
-Where the indexer loses the needle, the memory gave most of it back on these backbones (+0.07, +0.08, +0.395); where
-the indexer is perfect there is nothing to add. **It is not reliable**: in tutorial 17's run (seed 0 with two threads,
-whose backbone needed 450 steps) the memory *lowered* accuracy, 0.91 → 0.85 at 25% and 0.985 → 0.825 at 50%, and at
-this test's seed the asserted ">=" is a tie (1.00 = 1.00). At 10% (8-9 slots: the sinks and the window only) every setting is at or below
-chance (0-0.24). The backbone's retrieval itself is seed-dependent: at seeds 1 and 3 a cosine run plateaued at
-0.93 and 0.72 full-cache accuracy (60 prompts, 700 steps), so the test uses seed 0 only.
+That table is for the memory as first built (``memory_mode="residual"``: the gated readout *added* to the head outputs).
+Where the indexer lost the needle it gave most of it back on those backbones (+0.07, +0.08, +0.395), but **it was not
+reliable**: in tutorial 17's run (seed 0 with two threads, whose backbone needed 450 steps) it *lowered* accuracy,
+0.91 → 0.85 at 25% and 0.985 → 0.825 at 50%. The default is now ``memory_mode="softmax"``: the readout is one more
+slot of the attention softmax, weighed against the attended keys' mass, so a confident kept match outweighs it.
+Same backbones and IndexMem recipe (120 steps; this test's pipeline), accuracy indexer / residual / softmax:
 
-Asserted, at seed 0: full cache >= 0.95; indexer >= StreamingLLM + 0.4; indexer + memory >= indexer (equality allowed:
-when the indexer keeps the needle there is nothing for the memory to add); equal budgets and peak cache bytes with
+=====================  ======================  ======================
+backbone               25% budget              50% budget
+=====================  ======================  ======================
+seed 0, one thread     1.00 / 1.00 / 1.00      1.00 / 1.00 / 1.00
+seed 0, two threads    0.91 / 0.85 / 0.915     0.985 / 0.825 / 0.965
+seed 1, one thread     0.96 / 0.975 / 1.00     1.00 / 1.00 / 1.00
+seed 2, one thread     0.995 / 0.99 / 1.00     1.00 / 0.97 / 1.00
+=====================  ======================  ======================
+
+The softmax slot is at least as good as the residual everywhere and at least as good as the indexer alone in 7 of 8
+cells; in one it is 0.02 below (0.965 vs 0.985). At 10% (8-9 slots: the sinks and the window only) every setting is
+at or below chance (0-0.24). The backbone's retrieval itself is seed-dependent: at seeds 1 and 3 a cosine run
+plateaued at 0.93 and 0.72 full-cache accuracy (60 prompts, 700 steps), so the test uses seed 0 only.
+
+Asserted, at seed 0 (where the ">=" is a tie, 1.00 = 1.00: the table above is the evidence beyond it): full cache >= 0.95;
+indexer >= StreamingLLM + 0.4; indexer + memory >= indexer (equality allowed: when the indexer keeps the needle there
+is nothing for the memory to add); equal budgets and peak cache bytes with
 and without memory; more than 70% of the tokens evicted; the gates trained away from their initial value.
 """
 
