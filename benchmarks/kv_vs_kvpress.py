@@ -200,20 +200,9 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _quiet_trainer(max_steps: int, root: str):
-    import lightning as L
+    from lightning_llm.trainer import quiet_trainer
 
-    return L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=root,
-    )
+    return quiet_trainer(max_steps, default_root_dir=root)
 
 
 def _models(args: argparse.Namespace, scratch: Path) -> tuple[Any, dict[str, Any]]:

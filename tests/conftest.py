@@ -58,23 +58,11 @@ def quiet_trainer(tmp_path_factory: pytest.TempPathFactory):
 
     Session-scoped so module-scoped fixtures can train too; each Trainer gets its own root directory.
     """
-    import lightning as L
+    from lightning_llm.trainer import quiet_trainer
 
     def make(max_steps: int = -1, callbacks=(), **overrides):
-        kwargs = dict(
-            max_steps=max_steps,
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            default_root_dir=tmp_path_factory.mktemp("trainer"),
-            callbacks=list(callbacks),
-        )
-        return L.Trainer(**{**kwargs, **overrides})
+        kwargs = dict(default_root_dir=tmp_path_factory.mktemp("trainer"), callbacks=list(callbacks))
+        return quiet_trainer(max_steps, **{**kwargs, **overrides})
 
     return make
 

@@ -37,6 +37,7 @@ from lightning_llm.datamodules.sources import render_prompt
 from lightning_llm.datamodules.tasks import Example, Task
 from lightning_llm.eviction.base import EvictionPolicy, FullCache
 from lightning_llm.eviction.generate import generate_with_budget
+from lightning_llm.trainer import quiet_trainer
 
 __all__ = ["BudgetResult", "accuracy_under_budget", "train_retrieval_backbone"]
 
@@ -88,18 +89,7 @@ def train_retrieval_backbone(
         model, lr=lr, warmup_ratio=warmup / max_steps, min_lr_ratio=1.0, save_dir=str(directory)
     )
     stopper = _StopAtAccuracy(data, target_accuracy, check_every)
-    trainer = L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[stopper],
-    )
+    trainer = quiet_trainer(max_steps, callbacks=[stopper])
     trainer.fit(module, data)
     history = stopper.history
     if not history or history[-1]["step"] != trainer.global_step:

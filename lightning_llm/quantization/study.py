@@ -45,6 +45,7 @@ def train_arithmetic_model(
 
     from lightning_llm.datamodules import ChatSFTDataModule
     from lightning_llm.modules import CausalLMModule
+    from lightning_llm.trainer import quiet_trainer
 
     L.seed_everything(seed, verbose=False)
     data = ChatSFTDataModule(
@@ -57,18 +58,7 @@ def train_arithmetic_model(
         seed=seed,
     )
     lm = CausalLMModule("tiny", lr=lr)
-    kwargs = dict(
-        max_steps=steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
-    L.Trainer(**{**kwargs, **(trainer_kwargs or {})}).fit(lm, data)
+    quiet_trainer(steps, **(trainer_kwargs or {})).fit(lm, data)
     return lm.model.eval(), data
 
 
