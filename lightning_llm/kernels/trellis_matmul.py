@@ -179,26 +179,22 @@ def _decode_scaled(
     """``diag(σ) q [m, n]`` for 1MAD / MUL-BAL, the code constants as tensors: ``ints = [c0, c1]`` (int64),
     ``floats = [α, β]``.
 
-    The same arithmetic as :mod:`lightning_llm.quantization.codes` (bit-exact, tested), written so that
-    ``torch.compile`` sees the per-layer constants as data, not as Python numbers: one compiled graph per layer
+    The code functions of :mod:`lightning_llm.quantization.codes` (the classes use the same ones) with the
+    constants passed as tensors, so that ``torch.compile`` sees them as data, not as Python numbers: one compiled graph per layer
     shape serves every layer of that shape (constants baked in would recompile for every layer).
     """
+    from lightning_llm.quantization.codes import mulbal_step, mulbal_value, onemad_step, onemad_value
     from lightning_llm.quantization.trellis import _window_states
 
-    states = _window_states(packed, tile // V, L, k * V)
-    c0, c1 = ints[0], ints[1]
+    x = _window_states(packed, tile // V, L, k * V)
     values = []
-    x = states
     for _ in range(V):
-        if code_id == 0:  # 1MAD: x = (a x + b) mod 2^32; (byte sum - 510) / 147.8
-            x = (c0 * x + c1) & 0xFFFFFFFF
-            v = ((x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + ((x >> 24) & 255) - 510).float() / 147.8
-        else:  # MUL-BAL: x = (mult x) mod 2^32, x ^= x >> shift; alternating byte sum, then α g + β
-            x = (c0 * x) & 0xFFFFFFFF
-            x = x ^ (x >> c1)
-            g = ((x & 255) - ((x >> 8) & 255) + ((x >> 16) & 255) - ((x >> 24) & 255)).float() / 147.8
-            v = floats[0] * g + floats[1]
-        values.append(v)
+        if code_id == 0:
+            x = onemad_step(x, ints[0], ints[1])
+            values.append(onemad_value(x))
+        else:
+            x = mulbal_step(x, ints[0], ints[1])
+            values.append(mulbal_value(x, floats[0], floats[1]))
     q = torch.stack(values, dim=-1).reshape(-1)[: m * n].view(m, n)
     return q * scales.unsqueeze(1)
 

@@ -93,6 +93,31 @@ def _bytes(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return x & 255, (x >> 8) & 255, (x >> 16) & 255, (x >> 24) & 255
 
 
+# The integer arithmetic of the two kernel-capable codes, as functions of the constants so that the code
+# classes below and ``trellis_matmul``'s compiled decode (constants as 0-d tensors) share one definition.
+def onemad_step(x: Tensor, a, b) -> Tensor:
+    """1MAD state update ``(a·x + b) mod 2^32`` (``a``, ``b`` ints or 0-d int64 tensors)."""
+    return (a * x + b) & _M32
+
+
+def onemad_value(x: Tensor) -> Tensor:
+    """1MAD value: the centred byte sum ``(Σ bytes − 510) / 147.8``."""
+    b0, b1, b2, b3 = _bytes(x)
+    return (b0 + b1 + b2 + b3 - 510).float() / _BYTE_STD
+
+
+def mulbal_step(x: Tensor, multiplier, shift) -> Tensor:
+    """MUL-BAL state update: ``x ← (multiplier·x) mod 2^32``, then ``x ^ (x >> shift)``."""
+    x = (multiplier * x) & _M32
+    return x ^ (x >> shift)
+
+
+def mulbal_value(x: Tensor, alpha, beta) -> Tensor:
+    """MUL-BAL value: ``α·g + β`` with ``g`` the balanced byte sum ``(b0 − b1 + b2 − b3) / 147.8``."""
+    b0, b1, b2, b3 = _bytes(x)
+    return alpha * ((b0 - b1 + b2 - b3).float() / _BYTE_STD) + beta
+
+
 def _fp16_bits(h: Tensor) -> Tensor:
     """Reinterpret 16-bit unsigned values (in an int64 tensor) as fp16, returned as float32."""
     h = torch.where(h >= 32768, h - 65536, h)
@@ -140,11 +165,10 @@ class OneMADCode(TrellisCode):
     b: int = 76625530
 
     def _step(self, x: Tensor) -> Tensor:
-        return (self.a * x + self.b) & _M32
+        return onemad_step(x, self.a, self.b)
 
     def _value(self, x: Tensor) -> Tensor:
-        b0, b1, b2, b3 = _bytes(x)
-        return (b0 + b1 + b2 + b3 - 510).float() / _BYTE_STD
+        return onemad_value(x)
 
     def params(self) -> dict:
         return {"V": self.V, "a": self.a, "b": self.b}
@@ -188,13 +212,10 @@ class MulBalCode(TrellisCode):
             raise ValueError(f"shift must be in [1, 31], got {self.shift}")
 
     def _step(self, x: Tensor) -> Tensor:
-        x = (self.multiplier * x) & _M32
-        return x ^ (x >> self.shift)
+        return mulbal_step(x, self.multiplier, self.shift)
 
     def _value(self, x: Tensor) -> Tensor:
-        b0, b1, b2, b3 = _bytes(x)
-        g = (b0 - b1 + b2 - b3).float() / _BYTE_STD
-        return self.alpha * g + self.beta
+        return mulbal_value(x, self.alpha, self.beta)
 
     def with_affine(self, alpha: float, beta: float) -> MulBalCode:
         return MulBalCode(V=self.V, multiplier=self.multiplier, shift=self.shift, alpha=alpha, beta=beta)
