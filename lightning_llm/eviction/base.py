@@ -293,9 +293,10 @@ class BudgetedCache(DynamicCache):
         )
 
     @staticmethod
-    def attention_probs(queries: Tensor, keys: Tensor, scaling: float, last: int | None = None) -> Tensor:
-        """Causal softmax attention ``[B, Hq, q', S]`` of the last ``q'`` (``last``, default all) of the new
-        ``queries`` ``[B, Hq, q, D]`` over ``keys`` ``[B, Hkv, S, D]``, whose last ``q`` slots are the new tokens."""
+    def attention_logits(queries: Tensor, keys: Tensor, scaling: float, last: int | None = None) -> Tensor:
+        """Causal scaled logits ``[B, Hq, q', S]`` (``-inf`` where masked) of the last ``q'`` (``last``, default
+        all) of the new ``queries`` ``[B, Hq, q, D]`` over ``keys`` ``[B, Hkv, S, D]``, whose last ``q`` slots are
+        the new tokens (grouped-query heads read KV head ``h // (Hq / Hkv)``)."""
         b, hq, q, d = queries.shape
         hkv, s = keys.shape[1], keys.shape[2]
         n = q if last is None else min(last, q)
@@ -303,8 +304,12 @@ class BudgetedCache(DynamicCache):
         logits = torch.einsum("bhgqd,bhsd->bhgqs", qg, keys.float()) * scaling
         rows = torch.arange(q - n, q, device=keys.device) + (s - q)
         masked = torch.arange(s, device=keys.device)[None, :] > rows[:, None]
-        logits = logits.masked_fill(masked, -math.inf)
-        return logits.softmax(dim=-1).reshape(b, hq, n, s)
+        return logits.masked_fill(masked, -math.inf).reshape(b, hq, n, s)
+
+    @staticmethod
+    def attention_probs(queries: Tensor, keys: Tensor, scaling: float, last: int | None = None) -> Tensor:
+        """Causal softmax attention ``[B, Hq, q', S]``: the softmax of :meth:`attention_logits`."""
+        return BudgetedCache.attention_logits(queries, keys, scaling, last).softmax(dim=-1)
 
     # -- the update -------------------------------------------------------------------------------------------
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):

@@ -47,7 +47,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from lightning_llm.eviction.base import check_model, rotated_queries
+from lightning_llm.eviction.base import BudgetedCache, check_model, rotated_queries
 from lightning_llm.eviction.indexer import attention_input
 from lightning_llm.kernels.budgeted_attention import memory_readout, phi
 
@@ -181,12 +181,10 @@ class LatentMemory(nn.Module):
     ) -> Tensor:
         """``σ(log m − log Z)`` ``[B, Hq, T]`` (``"softmax"`` mode): the memory slot's share of the softmax."""
         b, hq, t, d = queries.shape
-        hkv, s = keys.shape[1], keys.shape[2]
-        qg = queries.float().reshape(b, hkv, hq // hkv, t, d)
-        logits = torch.einsum("bhgtd,bhsd->bhgts", qg, keys.float()) * self._scaling[idx]
-        rows = torch.arange(new - t, new, device=keys.device) + (s - new)  # the forward's last t queries
-        logits = logits.masked_fill(torch.arange(s, device=keys.device)[None, :] > rows[:, None], -torch.inf)
-        log_z = logits.logsumexp(dim=-1).reshape(b, hq, t)
+        hkv = keys.shape[1]
+        if t != new:
+            raise RuntimeError(f"layer {idx}: {t} captured queries for {new} new tokens in the cache")
+        log_z = BudgetedCache.attention_logits(queries, keys, self._scaling[idx]).logsumexp(dim=-1)
         fq = phi(queries.float()).reshape(b, hkv, hq // hkv, t, d)
         mass = torch.einsum("bhgtf,bhf->bhgt", fq, norm.float()).reshape(b, hq, t)
         log_m = mass.clamp_min(1e-30).log() + gate.transpose(1, 2).float().clamp_min(1e-30).log()
