@@ -33,7 +33,8 @@ both attended to and read from memory in the same step).
     = o_{t,h} + \sigma(\log m_{t,h} - \log Z_t)\,(r_{t,h} - o_{t,h}),
 
 so that a confident match among the kept keys (large :math:`Z_t`) outweighs the blurred readout :math:`r`. It needs
-the cache (``attach(model, cache=...)``; ``generate_with_budget`` passes it).
+the cache (``attach(model, cache=...)``; ``generate_with_budget`` passes it). One decode step of this is
+``budgeted_attention(..., gate=σ(g)·e^c, memory_mode="softmax")`` with the state repeated per query head.
 
 Exact forms in the paper (arXiv 2605.25475) are unverified: ``φ``, ``ε``, the placement of the residual (head
 outputs before ``o_proj``) and the token-dependent sigmoid gate are our reading.

@@ -7,8 +7,12 @@ does so on first use of the Triton path.
 
 :func:`_budgeted_attention_kernel` computes, per ``(b, h)`` with ``j = h // G`` and ``n = lengths[b, j]``::
 
-    out[b, h] = softmax_{s < n}(scale · q[b, h] · k[b, j, s]) · v[b, j, :n]
-                + gate[b, h] · (φ(q[b, h]) S_mem[b, h]) / (φ(q[b, h]) · z[b, h] + ε)      (if HAS_MEMORY)
+    attn = softmax_{s < n}(scale · q[b, h] · k[b, j, s]) · v[b, j, :n]
+    r    = (φ(q[b, h]) S_mem[b, h]) / (φ(q[b, h]) · z[b, h] + ε)                          (if HAS_MEMORY)
+    out  = attn + gate[b, h] · r                                                         (residual)
+    out  = attn + σ(log m − log Z) · (r − attn),  m = gate[b, h] · φ(q[b, h]) · z[b, h]   (MEMORY_SLOT)
+
+with ``log Z = running max + log running sum`` of the online softmax.
 
 It uses no ``tl.dot`` (a decode step is one matrix-vector product per head): products and sums are fp32
 FMAs and reductions, so the interpreter's bf16 ``tl.dot`` problem does not arise; the 16-bit output is
@@ -71,6 +75,7 @@ def _budgeted_attention_kernel(
     eps,
     HAS_MEMORY: tl.constexpr,
     HAS_GATE: tl.constexpr,
+    MEMORY_SLOT: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_F: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -82,7 +87,8 @@ def _budgeted_attention_kernel(
     (tiles past ``n`` are never loaded); each iteration has at least one valid slot, so the running max
     ``m`` is finite after it and ``exp(m_old − m)`` never sees ``−∞ − (−∞)``. ``n = 0`` leaves the sum ``l``
     at 0, and the attention term is then 0 (divided by 1). The epilogue adds the memory readout, reading
-    ``S_mem`` and ``z`` in ``BLOCK_F × BLOCK_D`` tiles, and stores the sum once in ``out``'s dtype.
+    ``S_mem`` and ``z`` in ``BLOCK_F × BLOCK_D`` tiles (added, or with ``MEMORY_SLOT`` weighed against the
+    attended mass: weight 1 when ``n = 0``, 0 when ``m <= 0``), and stores the result once in ``out``'s dtype.
     """
     pid = tl.program_id(0)
     b = (pid // H).to(tl.int64)
@@ -144,9 +150,23 @@ def _budgeted_attention_kernel(
             z = tl.load(norm_base + feats * stride_nf, mask=mask_f, other=0.0).to(tl.float32)
             den += tl.sum(phi_q * z, axis=0)
         readout = num / (den + eps)
-        if HAS_GATE:
-            readout = readout * tl.load(gate_ptr + b * stride_gb + h * stride_gh).to(tl.float32)
-        out = out + readout
+        if MEMORY_SLOT:
+            mass = den  # φ(q)·z, the estimated evicted share of Σ exp(logit)
+            if HAS_GATE:
+                mass = mass * tl.load(gate_ptr + b * stride_gb + h * stride_gh).to(tl.float32)
+            # weight = σ(log m − log Z), with log Z = m_i + log l_i; n = 0 (l_i = 0) means Z = 0, weight 1.
+            # Written without log(0) or an overflowing exp: σ(d) = 1 / (1 + e) or e / (1 + e), e = exp(−|d|).
+            tiny = 1.1754943508222875e-38
+            d = tl.log(tl.maximum(mass, tiny)) - (m_i + tl.log(tl.maximum(l_i, tiny)))
+            e = tl.exp(-tl.abs(d))
+            weight = tl.where(d >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+            weight = tl.where(l_i > 0, weight, 1.0)
+            weight = tl.where(mass > 0, weight, 0.0)
+            out = out + weight * (readout - out)
+        else:
+            if HAS_GATE:
+                readout = readout * tl.load(gate_ptr + b * stride_gb + h * stride_gh).to(tl.float32)
+            out = out + readout
 
     out_ptrs = out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od
     tl.store(out_ptrs, _downcast(out, out_ptr.dtype.element_ty, INTERPRETED), mask=mask_d)
@@ -182,6 +202,7 @@ def budgeted_attention_forward(
     gate: torch.Tensor | None,
     scale: float,
     block: int,
+    memory_mode: str = "residual",
 ) -> torch.Tensor:
     """``out (B, H, D)`` in ``q``'s dtype: one kernel launch over ``B·H`` programs.
 
@@ -227,6 +248,7 @@ def budgeted_attention_forward(
         MEMORY_EPS,
         HAS_MEMORY=has_memory,
         HAS_GATE=has_memory and gate is not None,
+        MEMORY_SLOT=has_memory and memory_mode == "softmax",
         BLOCK_S=block_s,
         BLOCK_F=block_f,
         BLOCK_D=block_d,

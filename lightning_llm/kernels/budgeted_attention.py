@@ -17,8 +17,20 @@ With ``j(h) = h // (H / Hkv)`` the kv head that query head ``h`` reads (grouped-
 
     a_s  = softmax_{s < n}(scale · q[b, h] · k[b, j(h), s])                 (over the valid slots only)
     attn = Σ_{s < n} a_s · v[b, j(h), s]                                    (0 when n = 0)
-    mem  = gate[b, h] · (φ(q[b, h]) S_mem[b, h]) / (φ(q[b, h]) · z[b, h] + ε)
-    out  = attn + mem                       φ(x) = elu(x) + 1 (elementwise, > 0),  ε = 1e-6
+    r    = (φ(q[b, h]) S_mem[b, h]) / (φ(q[b, h]) · z[b, h] + ε)          φ(x) = elu(x) + 1,  ε = 1e-6
+
+and, by ``memory_mode``,
+
+    "residual":  out = attn + gate[b, h] · r
+    "softmax":   out = (Z · attn + m · r) / (Z + m) = attn + σ(log m − log Z) · (r − attn),
+                 Z = Σ_{s < n} exp(scale · q[b, h] · k[b, j(h), s]),   m = gate[b, h] · φ(q[b, h]) · z[b, h]
+
+In ``"softmax"`` mode the memory is one more slot of the attention softmax: ``φ(q)·z`` is the
+linear-attention estimate of the evicted keys' share ``Σ exp(logit)`` and the gate scales that mass (callers
+pass ``σ(gate logit) · e^c`` with a learned per-head scale ``c``, as
+:class:`~lightning_llm.eviction.LatentMemory` does in that mode), so a confident match among the kept keys
+(large ``Z``) outweighs the blurred readout; ``m = 0`` gives exactly ``attn``, ``n = 0`` with ``m > 0``
+exactly ``r``.
 
 This is our reading of the paper (arXiv 2605.25475, no public code): METHODS marks all its exact forms as
 unverified, in particular the feature map φ (:func:`phi`, the positive map of linear-transformer papers),
@@ -26,17 +38,19 @@ unverified, in particular the feature map φ (:func:`phi`, the positive map of l
 the head dim ``D``. Conventions:
 
 * ``memory_state=None``: the readout term is absent, so ``out`` is exactly the budgeted attention; so it
-  is with ``gate = 0`` (``attn + 0``). Nothing evicted (``n = S`` for all heads, no memory) is exactly
+  is with ``gate = 0`` (``attn + 0``, or a zero-mass slot). Nothing evicted (``n = S`` for all heads, no memory) is exactly
   full softmax attention over the cache.
 * ``lengths[b, j] = 0``: softmax over no slots contributes 0 (not NaN), so those heads return only the
-  memory readout (or zeros without memory).
-* The gate is not range-checked (it would cost a device sync); any real value scales the readout.
+  memory readout (or zeros without memory); in ``"softmax"`` mode the readout with weight 1 (0 if ``m = 0``).
+* The gate is not range-checked (it would cost a device sync); in ``"residual"`` mode any real value scales
+  the readout, in ``"softmax"`` mode a mass ``m <= 0`` means an empty slot (weight 0).
 
 What the Triton kernel (:mod:`._budgeted_attention_triton`) fuses: one program per ``(batch, query head)``
 runs a flash-decoding style online softmax over the head's ``n`` valid slots in ``BLOCK_S`` tiles (running
 max, running sum and a ``D``-vector accumulator in fp32; tiles past ``n`` are never loaded, so a short
 budget also costs less bandwidth), then in its epilogue reads ``φ(q)``, ``S_mem`` and ``z`` in ``F`` tiles
-for the gated memory readout, adds it and stores ``out`` once. Why one program per query head rather than
+for the memory readout, combines it with the attention (added, or weighed against ``log Z = max + log sum``
+that the online softmax already holds) and stores ``out`` once. Why one program per query head rather than
 one per kv head holding the group: a decode step is a matrix-vector product per head (no reuse inside a
 head to feed tensor cores), so the kernel uses fp32 FMAs and reductions instead of ``tl.dot`` (no padding of
 the group or ``D`` to 16, exact fp32 products for every dtype); the ``H / Hkv`` programs that share a kv head
@@ -69,7 +83,7 @@ from torch import Tensor
 
 from lightning_llm.kernels._dispatch import triton_available, use_triton
 
-__all__ = ["MAX_TRITON_HEAD_DIM", "MEMORY_EPS", "budgeted_attention", "memory_readout", "phi"]
+__all__ = ["MAX_TRITON_HEAD_DIM", "MEMORY_EPS", "MEMORY_MODES", "budgeted_attention", "memory_readout", "phi"]
 
 #: ``ε`` in the readout's denominator ``φ(q)·z + ε`` (our choice; the paper's value is unverified). The
 #: Triton kernel receives it from here.
@@ -81,6 +95,10 @@ MAX_TRITON_HEAD_DIM = 256
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BACKENDS = ("auto", "triton", "torch")
+
+#: How the readout enters: ``"residual"`` (added, gated) or ``"softmax"`` (one more softmax slot of mass
+#: ``gate · φ(q)·z``); see the module docstring.
+MEMORY_MODES = ("residual", "softmax")
 
 
 def phi(x: Tensor) -> Tensor:
@@ -118,12 +136,14 @@ def budgeted_attention(
     memory_state: Tensor | None = None,
     memory_norm: Tensor | None = None,
     gate: Tensor | None = None,
+    memory_mode: str = "residual",
 ) -> Tensor:
-    r"""One decode step of attention over a budgeted KV cache plus the gated latent-memory readout.
+    r"""One decode step of attention over a budgeted KV cache plus the latent-memory readout.
 
-    ``out = softmax(scale·q·k_s over valid s)·v + gate·(φ(q) S_mem) / (φ(q)·z + ε)`` with ``φ = elu + 1``
-    and ``ε = 1e-6`` (our reading of METHODS §11; see the module docstring for the equations, conventions
-    and what the Triton kernel fuses). Inference only: no autograd.
+    ``"residual"``: ``out = attn + gate·r``; ``"softmax"``: ``out = (Z·attn + m·r)/(Z + m)`` with
+    ``attn = softmax(scale·q·k_s over valid s)·v``, ``r = (φ(q) S_mem) / (φ(q)·z + ε)``, ``Z = Σ_s exp(scale·q·k_s)``,
+    ``m = gate·φ(q)·z``, ``φ = elu + 1`` and ``ε = 1e-6`` (our reading of METHODS §11; see the module docstring
+    for the equations, conventions and what the Triton kernel fuses). Inference only: no autograd.
 
     Args:
         q: ``(B, H, D)`` queries of the new token, fp32/bf16/fp16 (fp64 on the reference path).
@@ -136,8 +156,9 @@ def budgeted_attention(
         memory_state: optional ``(B, H, F, D)`` latent state ``Σ φ(k)ᵀ v`` over evicted tokens (``F = D``),
             any floating dtype. None: no readout term.
         memory_norm: ``(B, H, F)`` normaliser ``Σ φ(k)``; required exactly when ``memory_state`` is given.
-        gate: optional ``(B, H)`` or ``(H,)`` readout gate in ``[0, 1]`` (only with ``memory_state``);
-            None means 1.
+        gate: optional ``(B, H)`` or ``(H,)`` (only with ``memory_state``); None means 1. ``"residual"``: the
+            readout gate in ``[0, 1]``; ``"softmax"``: the factor on the estimated mass ``φ(q)·z``, ``>= 0``.
+        memory_mode: ``"residual"`` or ``"softmax"`` (how the readout enters; see above).
 
     Returns:
         ``(B, H, D)`` in ``q``'s dtype, computed in fp32 and rounded once.
@@ -148,7 +169,15 @@ def budgeted_attention(
         TypeError: unsupported or mismatched dtypes.
     """
     return _budgeted_attention(
-        q, k, v, lengths, scale=scale, memory_state=memory_state, memory_norm=memory_norm, gate=gate
+        q,
+        k,
+        v,
+        lengths,
+        scale=scale,
+        memory_state=memory_state,
+        memory_norm=memory_norm,
+        gate=gate,
+        memory_mode=memory_mode,
     )
 
 
@@ -162,6 +191,7 @@ def _budgeted_attention(
     memory_state: Tensor | None = None,
     memory_norm: Tensor | None = None,
     gate: Tensor | None = None,
+    memory_mode: str = "residual",
     _backend: str = "auto",
     _block: int | None = None,
 ) -> Tensor:
@@ -172,10 +202,12 @@ def _budgeted_attention(
     tiles and ragged edges on small shapes.
     """
     _validate(q, k, v, lengths, scale, memory_state, memory_norm, gate, _backend, _block)
+    if memory_mode not in MEMORY_MODES:
+        raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {memory_mode!r}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     return torch.ops.lightning_llm.budgeted_attention(
-        q, k, v, lengths, memory_state, memory_norm, gate, float(scale), _backend, _block or 0
+        q, k, v, lengths, memory_state, memory_norm, gate, float(scale), memory_mode, _backend, _block or 0
     )
 
 
@@ -290,11 +322,14 @@ def _torch_budgeted_attention(
     memory_norm: Tensor | None,
     gate: Tensor | None,
     scale: float,
+    memory_mode: str = "residual",
 ) -> Tensor:
-    """The plain-PyTorch spec: masked softmax attention plus the gated readout, in fp32 (fp64 for fp64).
+    """The plain-PyTorch spec: masked softmax attention plus the readout, in fp32 (fp64 for fp64).
 
     Works for any ``S`` (masking, no per-head slicing); a head with no valid slot gets zero attention
-    (its max is replaced by 0 so no ``-inf - -inf`` appears, and its zero sum by 1).
+    (its max is replaced by 0 so no ``-inf - -inf`` appears, and its zero sum by 1). In ``"softmax"`` mode
+    the slot weight is ``σ(log m − log Z)`` with ``log Z = max + log sum`` (``−∞`` for no valid slot, weight 1)
+    and weight 0 where ``m <= 0``.
     """
     n_batch, n_heads, head_dim = q.shape
     n_kv, capacity = k.shape[1], k.shape[2]
@@ -313,9 +348,18 @@ def _torch_budgeted_attention(
     out = attn.reshape(n_batch, n_heads, head_dim)
     if memory_state is not None and memory_norm is not None:
         readout = memory_readout(q[:, :, None], memory_state, memory_norm)[:, :, 0]
-        if gate is not None:
-            readout = readout * gate.to(acc).expand(n_batch, n_heads)[..., None]
-        out = out + readout
+        factor = gate.to(acc).expand(n_batch, n_heads) if gate is not None else None
+        if memory_mode == "softmax":
+            fq = phi(q.to(acc))
+            mass = (fq * memory_norm.to(acc)).sum(-1)  # φ(q)·z, (B, H)
+            if factor is not None:
+                mass = mass * factor
+            log_z = (row_max + denom.log()).reshape(n_batch, n_heads)  # −∞ where no slot is valid
+            weight = torch.sigmoid(mass.clamp_min(torch.finfo(acc).tiny).log() - log_z)
+            weight = torch.where(mass > 0, weight, torch.zeros_like(weight))[..., None]
+            out = out + weight * (readout - out)
+        else:
+            out = out + (readout if factor is None else readout * factor[..., None])
     return out.to(q.dtype)
 
 
@@ -357,6 +401,7 @@ def _budgeted_attention_op(
     memory_norm: Tensor | None,
     gate: Tensor | None,
     scale: float,
+    memory_mode: str,
     backend: str,
     block: int,
 ) -> Tensor:
@@ -370,11 +415,13 @@ def _budgeted_attention_op(
             from lightning_llm.kernels import _budgeted_attention_triton
 
             return _budgeted_attention_triton.budgeted_attention_forward(
-                q, k, v, lengths, memory_state, memory_norm, gate, scale, block
+                q, k, v, lengths, memory_state, memory_norm, gate, scale, block, memory_mode
             )
-        return _torch_budgeted_attention(q, k, v, lengths, memory_state, memory_norm, gate, scale)
+        return _torch_budgeted_attention(
+            q, k, v, lengths, memory_state, memory_norm, gate, scale, memory_mode
+        )
 
 
 @_budgeted_attention_op.register_fake
-def _(q, k, v, lengths, memory_state, memory_norm, gate, scale, backend, block):
+def _(q, k, v, lengths, memory_state, memory_norm, gate, scale, memory_mode, backend, block):
     return torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -317,6 +317,66 @@ def test_softmax_memory_interpolates_between_the_cache_and_the_readout(model, pr
     assert not torch.allclose(high_heads, cache_heads, atol=1e-3)
 
 
+def test_decode_kernel_computes_the_softmax_memory_step(model, prompt, indexers):
+    """At a decode step, ``budgeted_attention(memory_mode="softmax")`` over the attended keys/values with the
+    memory's state (before the step), queries and mass factor ``σ(gate)·e^c`` gives the head outputs
+    ``LatentMemory(mode="softmax")`` produces through its hooks (layer 3, after evictions)."""
+    from lightning_llm.eviction.base import rotated_queries
+    from lightning_llm.eviction.indexer import attention_input
+
+    torch.manual_seed(2)
+    memory = LatentMemory.for_model(model, gate_bias=0.0, mode="softmax")
+    with torch.no_grad():
+        memory.log_mass_scale.normal_(0.0, 1.0)
+        for gate in memory.gates:
+            torch.nn.init.normal_(gate.weight, std=0.1)
+    cache = BudgetedCache(IndexerPolicy(indexers, sinks=2, window=4), 12, 4, on_evict=memory.on_evict)
+    attn, seen = model.model.layers[3].self_attn, {}
+
+    def grab(module, args, kwargs):
+        state = memory.state(3)
+        seen["q"] = rotated_queries(module, args, kwargs)
+        seen["hidden"] = attention_input(module, args, kwargs)
+        seen["state"] = None if state is None else tuple(t.clone() for t in state)
+
+    update = cache.update
+
+    def recording_update(keys, values, layer_idx, *args, **kwargs):
+        out = update(keys, values, layer_idx, *args, **kwargs)
+        if layer_idx == 3:
+            seen["kv"] = out
+        return out
+
+    cache.update = recording_update
+    handle = attn.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        heads, _ = _decode_steps(model, prompt, cache, memory, steps=4)
+    finally:
+        handle.remove()
+    keys, values = seen["kv"]
+    b, hkv, s, d = keys.shape
+    hq = seen["q"].shape[1]
+    state, norm = (t.repeat_interleave(hq // hkv, dim=1) for t in seen["state"])  # per query head
+    with torch.no_grad():
+        factor = torch.sigmoid(memory.gates[3](seen["hidden"]))[:, -1] * memory.log_mass_scale[3].exp()
+    got = budgeted_attention(
+        seen["q"][:, :, -1],
+        keys,
+        values,
+        torch.full((b, hkv), s),
+        scale=float(attn.scaling),
+        memory_state=state,
+        memory_norm=norm,
+        gate=factor,
+        memory_mode="softmax",
+    )
+    torch.testing.assert_close(got, heads.view(b, hq, d), rtol=1e-5, atol=1e-5)
+    no_memory = budgeted_attention(
+        seen["q"][:, :, -1], keys, values, torch.full((b, hkv), s), scale=float(attn.scaling)
+    )
+    assert (got - no_memory).abs().max() > 1e-3  # the slot mattered at this step
+
+
 def test_softmax_memory_needs_the_cache_and_trains(model, quiet_trainer, tmp_path):
     from lightning_llm.modules import IndexMemModule
 

@@ -80,8 +80,14 @@ def _inputs(batch, heads, kv_heads, capacity, head_dim, dtype, *, memory=False, 
     return kwargs
 
 
-def _naive(q, k, v, lengths, *, scale=None, memory_state=None, memory_norm=None, gate=None):
-    """The definition, one (batch, query head) at a time, in float64: softmax over the valid slots only."""
+def _naive(
+    q, k, v, lengths, *, scale=None, memory_state=None, memory_norm=None, gate=None, memory_mode="residual"
+):
+    """The definition, one (batch, query head) at a time, in float64: softmax over the valid slots only.
+
+    ``"softmax"`` mode is written as the definition, a softmax over the kept logits plus one slot of logit
+    ``log m`` whose value is the readout (no sigmoid rewriting).
+    """
     n_batch, n_heads, head_dim = q.shape
     group = n_heads // k.shape[1]
     scale = 1 / math.sqrt(head_dim) if scale is None else scale
@@ -91,16 +97,26 @@ def _naive(q, k, v, lengths, *, scale=None, memory_state=None, memory_norm=None,
             qh = q[b, h].double().cpu()
             n = int(lengths[b, h // group])
             keys, values = k[b, h // group, :n].double().cpu(), v[b, h // group, :n].double().cpu()
-            if n > 0:
-                weights = torch.softmax(keys @ qh * scale, dim=0)
-                out[b, h] = weights @ values
+            g = 1.0 if gate is None else (gate[h] if gate.dim() == 1 else gate[b, h]).double().cpu()
+            readout = None
             if memory_state is not None:
                 fq = F.elu(qh) + 1
                 readout = fq @ memory_state[b, h].double().cpu()
                 readout = readout / (fq @ memory_norm[b, h].double().cpu() + MEMORY_EPS)
-                if gate is not None:
-                    readout = readout * (gate[h] if gate.dim() == 1 else gate[b, h]).double().cpu()
-                out[b, h] += readout
+            if memory_mode == "softmax" and readout is not None:
+                mass = g * (fq @ memory_norm[b, h].double().cpu())
+                if mass > 0:
+                    logits = torch.cat([keys @ qh * scale, mass.log().reshape(1)])
+                    values = torch.cat([values, readout[None]])
+                    out[b, h] = torch.softmax(logits, dim=0) @ values
+                elif n > 0:
+                    out[b, h] = torch.softmax(keys @ qh * scale, dim=0) @ values
+                continue
+            if n > 0:
+                weights = torch.softmax(keys @ qh * scale, dim=0)
+                out[b, h] = weights @ values
+            if readout is not None:
+                out[b, h] += readout * g
     return out
 
 
@@ -108,6 +124,10 @@ def _check(kwargs, backend, block=None):
     """Run ``backend``; compare with the float64 naive formula on the same inputs; return the output."""
     dtype = kwargs["q"].dtype
     out = _budgeted_attention(**kwargs, _backend=backend, _block=block)
+    if kwargs.get("memory_mode") == "softmax" and kwargs.get("memory_state") is not None:
+        # the slot must matter in these cases, or the comparison would not test it
+        no_memory = {**kwargs, "gate": None, "memory_state": None, "memory_norm": None}
+        assert (out.double() - _budgeted_attention(**no_memory).double()).abs().max() > 1e-2
     assert out.dtype == dtype and out.shape == kwargs["q"].shape
     _assert_close(out.cpu(), _naive(**kwargs), TOLERANCE[dtype], f"{backend} vs truth ({dtype})")
     return out
@@ -127,12 +147,13 @@ def _case_id(c):
     return "B{}-H{}-Hkv{}-S{}-D{}-mem{:d}-gate{}".format(*c)
 
 
+@pytest.mark.parametrize("memory_mode", ["residual", "softmax"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", REFERENCE_CASES, ids=_case_id)
-def test_reference_matches_naive_formula(case, dtype):
+def test_reference_matches_naive_formula(case, dtype, memory_mode):
     batch, heads, kv_heads, capacity, head_dim, memory, gate = case
     kwargs = _inputs(batch, heads, kv_heads, capacity, head_dim, dtype, memory=memory, gate=gate)
-    _check(kwargs, "torch")
+    _check({**kwargs, "memory_mode": memory_mode}, "torch")
 
 
 # (B, H, Hkv, S, D, memory, gate, block): every D in {5, 16, 33, 64} and S in {1, 7, 17, 40} appears, with
@@ -159,6 +180,48 @@ def test_triton_matches_truth_and_reference(case, dtype):
     got = _check(kwargs, "triton", block)
     want = _budgeted_attention(**kwargs, _backend="torch")
     _assert_close(got, want, TOLERANCE[dtype], f"triton vs reference ({dtype})")
+
+
+# The softmax-slot epilogue: GQA and not, several slot tiles, a (B, H) and an (H,) gate and none, an empty
+# cache and heads with no valid slot (weight 1), a zero-mass gate entry (weight 0).
+SLOT_CASES = [
+    (2, 4, 2, 17, 33, True, "batch", 4),
+    (1, 4, 2, 40, 16, True, None, None),
+    (1, 6, 2, 0, 8, True, "heads", None),
+]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", SLOT_CASES, ids=lambda c: f"{_case_id(c[:7])}-blk{c[7]}")
+def test_triton_softmax_slot_matches_truth_and_reference(case, dtype):
+    batch, heads, kv_heads, capacity, head_dim, memory, gate, block = case
+    kwargs = _inputs(batch, heads, kv_heads, capacity, head_dim, dtype, memory=memory, gate=gate, seed=2)
+    kwargs["memory_mode"] = "softmax"
+    if gate is not None:
+        kwargs["gate"] = kwargs["gate"] * 3.0  # a mass factor, not limited to [0, 1]
+        kwargs["gate"].view(-1)[0] = 0.0  # an empty slot
+    got = _check(kwargs, "triton", block)
+    want = _budgeted_attention(**kwargs, _backend="torch")
+    _assert_close(got, want, TOLERANCE[dtype], f"triton vs reference ({dtype})")
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
+def test_softmax_slot_limits(backend):
+    """Mass 0 gives exactly the cache's attention; a huge mass the readout; no valid slot the readout."""
+    kwargs = _inputs(2, 4, 2, 7, 16, torch.float32, memory=True, gate="batch")
+    kwargs["lengths"] = kwargs["lengths"].clamp_min(1)
+    slot = {**kwargs, "memory_mode": "softmax"}
+    plain = {k: kwargs[k] for k in ("q", "k", "v", "lengths")}
+    want = _budgeted_attention(**plain, _backend=backend, _block=4)
+    zero = {**slot, "gate": torch.zeros_like(kwargs["gate"])}
+    torch.testing.assert_close(_budgeted_attention(**zero, _backend=backend, _block=4), want, rtol=0, atol=0)
+    residual = {**kwargs, "gate": None, "lengths": torch.zeros_like(kwargs["lengths"])}
+    readout = _budgeted_attention(**residual, _backend="torch")
+    huge = {**slot, "gate": torch.full_like(kwargs["gate"], 1e30)}
+    _assert_close(_budgeted_attention(**huge, _backend=backend, _block=4), readout, 1e-5, "huge mass")
+    empty = {**slot, "lengths": torch.zeros_like(kwargs["lengths"])}
+    _assert_close(_budgeted_attention(**empty, _backend=backend, _block=4), readout, 1e-5, "no slot")
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
@@ -251,9 +314,11 @@ def test_opcheck():
     """torch.library's own consistency checks: fake tensor, schema, AOT dispatch."""
     kwargs = _inputs(2, 4, 2, 5, 8, torch.float32, memory=True, gate="heads")
     args = tuple(kwargs.values())
-    torch.library.opcheck(torch.ops.lightning_llm.budgeted_attention, (*args, 0.4, "torch", 0))
+    for mode in ("residual", "softmax"):
+        torch.library.opcheck(torch.ops.lightning_llm.budgeted_attention, (*args, 0.4, mode, "torch", 0))
     torch.library.opcheck(
-        torch.ops.lightning_llm.budgeted_attention, (*args[:4], None, None, None, 0.4, "torch", 0)
+        torch.ops.lightning_llm.budgeted_attention,
+        (*args[:4], None, None, None, 0.4, "residual", "torch", 0),
     )
 
 
@@ -309,6 +374,7 @@ def _bad(**changes: object) -> dict[str, object]:
         (_bad(lengths=torch.ones(2, 2)), TypeError, "lengths must be an integer tensor"),
         (_bad(gate=torch.ones(4, dtype=torch.int64)), TypeError, "gate must be floating point"),
         (_bad(scale=float("nan")), ValueError, "scale"),
+        (_bad(memory_mode="slot"), ValueError, "memory_mode must be one of"),
     ],
 )
 def test_input_validation(kwargs, error, match):
