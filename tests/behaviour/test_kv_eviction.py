@@ -1,53 +1,49 @@
-"""Behaviour: at a 25% KV budget, the learned indexer + latent memory >= the indexer > StreamingLLM (METHODS §11).
+"""Behaviour: at a 25% KV budget, the learned indexer + latent memory >= the indexer > StreamingLLM (METHODS §11);
+at 10%, where the indexer cannot keep the needle, the memory gives it back.
 
 The tiny backbone is first taught single-needle retrieval (``train_retrieval_backbone``: batches of 32 chat prompts,
 a one-digit code in 40 filler words, 73-88-token prompts, lr 3e-3 constant, stopping at the first 50-step check
 with >= 98% full-cache accuracy; seed 0 stopped at step 250 in a one-thread run, 450 in a two-thread one). An
-:class:`~lightning_llm.modules.IndexMemModule` (frozen backbone; indexer target "future", memory gate distilled
-at budgets cycling between 10% and 25% of the prompt) is trained for 120 steps of 16. Then 200 held-out prompts
-are answered greedily with every layer's KV cache cut to ``ceil(0.25 · prompt)`` tokens (4 sinks + 4 recent + the
-rest chosen by the policy), re-evicting at every decoding step.
+:class:`~lightning_llm.modules.IndexMemModule` (frozen backbone; indexer target "future"; memory as a softmax slot,
+its gate and mass scale distilled at budgets cycling through 10%, 25% and 50% of the prompt; 2 sinks + 2 recent
+tokens) is trained for 120 steps of 16. Then 200 held-out prompts are answered greedily with every layer's KV cache
+cut to ``ceil(ratio · prompt)`` tokens (2 sinks + 2 recent + the rest chosen by the policy), re-evicting at every
+decoding step.
 
-Measured on the development machine (2 CPU cores, one thread per process, fp32), accuracy at 25% budget. Column
-"final" is this test's recipe at seed 0; the other columns are the same pipeline on backbones trained for a fixed
-number of steps with a cosine schedule (the recipe before the stopping rule; "250" and "300" steps, seeds 0-2):
+Measured on the development machine (fp32; one process per backbone; this recipe), accuracy
+StreamingLLM / H2O / SnapKV / indexer / indexer + memory, all with 2 sinks + 2 recent tokens:
 
-==============  ======  =========  =========  =========  =========
-policy          final   250, s0    300, s1    300, s2    400, s0
-==============  ======  =========  =========  =========  =========
-full cache      1.00    1.00       1.00       1.00       1.00
-StreamingLLM    0.06    0.09       0.245      0.12       0.16
-H2O             0.92    0.09       0.975      0.26       0.16
-SnapKV          1.00    0.98       0.995      0.365      0.36
-indexer         1.00    1.00       0.93       0.90       0.60
-indexer+memory  1.00    1.00       1.00       0.98       0.995
-==============  ======  =========  =========  =========  =========
+==========  ================================  ================================  ==================================
+budget      seed 0, one thread (this test)    seed 1, one thread                seed 0, two threads (tutorial 17)
+==========  ================================  ================================  ==================================
+10%         0 / .79 / .865 / .85 / **1.00**   0 / .07 / .31 / .365 / **1.00**   .09 / .185 / .315 / .31 / **.90**
+15%         0 / .835 / 1.00 / 1.00 / 1.00     0 / .135 / .565 / .365 / **1.00** .06 / .77 / .645 / .81 / **.92**
+25%         .14 / .975 / 1.00 / 1.00 / 1.00   .165 / .47 / .845 / 1.00 / 1.00   .135 / .935 / .925 / .91 / .935
+35%         .26 / 1.00 / 1.00 / 1.00 / 1.00   .26 / .76 / .975 / 1.00 / 1.00    .265 / .965 / .995 / .95 / .945
+50%         .455 / 1.00 / 1.00 / 1.00 / 1.00  .46 / 1.00 / 1.00 / 1.00 / 1.00   .44 / 1.00 / 1.00 / .985 / .975
+==========  ================================  ================================  ==================================
 
-That table is for the memory as first built (``memory_mode="residual"``: the gated readout *added* to the head outputs).
-Where the indexer lost the needle it gave most of it back on those backbones (+0.07, +0.08, +0.395), but **it was not
-reliable**: in tutorial 17's run (seed 0 with two threads, whose backbone needed 450 steps) it *lowered* accuracy,
-0.91 → 0.85 at 25% and 0.985 → 0.825 at 50%. The default is now ``memory_mode="softmax"``: the readout is one more
-slot of the attention softmax, weighed against the attended keys' mass, so a confident kept match outweighs it.
-Same backbones and IndexMem recipe (120 steps; this test's pipeline), accuracy indexer / residual / softmax:
+Where the indexer keeps the needle (>= 25% here) the memory has nothing to add and stays out of the way (within
+0.01 of the indexer, once 0.005 and 0.01 below it); where the budget is too small for it (10-15%), the memory
+recovers almost everything: 0.85 -> 1.00, 0.365 -> 1.00, 0.31 -> 0.90. How we got here (same backbones):
 
-=====================  ======================  ======================
-backbone               25% budget              50% budget
-=====================  ======================  ======================
-seed 0, one thread     1.00 / 1.00 / 1.00      1.00 / 1.00 / 1.00
-seed 0, two threads    0.91 / 0.85 / 0.915     0.985 / 0.825 / 0.965
-seed 1, one thread     0.96 / 0.975 / 1.00     1.00 / 1.00 / 1.00
-seed 2, one thread     0.995 / 0.99 / 1.00     1.00 / 0.97 / 1.00
-=====================  ======================  ======================
+* the memory as first built, its gated readout *added* to the head outputs (``memory_mode="residual"``), trained at
+  10%/25% with 4 sinks + 4 recent tokens: on the tutorial's backbone it *lowered* accuracy (indexer 0.91 -> 0.85 at
+  25%, 0.985 -> 0.825 at 50%);
+* as a softmax slot (the default now), same 4 + 4 recipe: 0.915 at 25% and 0.965 at 50% there, >= the indexer in 7
+  of 8 (backbone, budget) cells, but useless at 10%: 4 sinks + 4 recent filled all 8-9 slots, so the indexer chose
+  nothing and the memory's slot was weighed against 4 attention-sink tokens that soak up the softmax (0.09-0.16);
+* 2 sinks + 2 recent: the indexer chooses 4-5 of the 8-9 slots at 10%, and the memory's slot is weighed against
+  less sink mass. Trained at 10%/25% only, the gate then opened too far at high budgets (0.94 vs 0.985 at 50% on
+  the tutorial's backbone); adding 50% to the training budgets fixed that (the table).
 
-The softmax slot is at least as good as the residual everywhere and at least as good as the indexer alone in 7 of 8
-cells; in one it is 0.02 below (0.965 vs 0.985). At 10% (8-9 slots: the sinks and the window only) every setting is
-at or below chance (0-0.24). The backbone's retrieval itself is seed-dependent: at seeds 1 and 3 a cosine run
-plateaued at 0.93 and 0.72 full-cache accuracy (60 prompts, 700 steps), so the test uses seed 0 only.
+The backbone's retrieval itself is seed-dependent: at seeds 1 and 3 a cosine run plateaued at 0.93 and 0.72
+full-cache accuracy (60 prompts, 700 steps), so the test uses seed 0 only.
 
-Asserted, at seed 0 (where the ">=" is a tie, 1.00 = 1.00: the table above is the evidence beyond it): full cache >= 0.95;
-indexer >= StreamingLLM + 0.4; indexer + memory >= indexer (equality allowed: when the indexer keeps the needle there
-is nothing for the memory to add); equal budgets and peak cache bytes with
-and without memory; more than 70% of the tokens evicted; the gates trained away from their initial value.
+Asserted, at seed 0: full cache >= 0.95; at 25%, indexer >= StreamingLLM + 0.4 and indexer + memory >= indexer
+(a tie here, 1.00 = 1.00: when the indexer keeps the needle there is nothing for the memory to add); at 10%,
+indexer + memory >= indexer + 0.1; equal budgets and peak cache bytes with and without memory; more than 70% of
+the tokens evicted at 25%; the gates trained away from their initial value.
 """
 
 from __future__ import annotations
@@ -74,12 +70,12 @@ def trained(tmp_path_factory, quiet_trainer, tiny_backbone):
     data = NeedleDataModule(
         task="needle", task_kwargs=TASK, num_train=4000, num_val=1, batch_size=16, max_length=512, seed=100
     )
-    module = IndexMemModule(str(path), budget_ratio=[0.1, 0.25], sinks=4, window=4, lr=3e-3)
+    module = IndexMemModule(str(path), budget_ratio=[0.1, 0.25, 0.5], sinks=2, window=2, lr=3e-3)
     quiet_trainer(max_steps=120).fit(module, data)
     return module
 
 
-def test_indexer_and_memory_beat_streaming_llm_at_a_quarter_budget(trained):
+def test_indexer_and_memory_beat_streaming_llm_and_memory_recovers_evicted_needles(trained):
     task = get_task("needle", **TASK)
     examples = task.generate(200, 12345)
     model, tokenizer = trained.model, trained.tokenizer
@@ -91,7 +87,7 @@ def test_indexer_and_memory_beat_streaming_llm_at_a_quarter_budget(trained):
         return result
 
     full = accuracy(FullCache(), ratio=None).accuracy
-    streaming = accuracy(StreamingLLM(sinks=4, window=4)).accuracy
+    streaming = accuracy(StreamingLLM(sinks=2, window=2)).accuracy
     indexer = accuracy(trained.policy())
     with_memory = accuracy(trained.policy(), trained.memory)
     assert full >= 0.95, full
@@ -100,5 +96,10 @@ def test_indexer_and_memory_beat_streaming_llm_at_a_quarter_budget(trained):
     # the same cache budget: the memory does not buy accuracy with extra KV slots
     assert with_memory.budgets == indexer.budgets and with_memory.peak_cache_bytes == indexer.peak_cache_bytes
     assert indexer.evicted_fraction > 0.7
+    # a tenth of the prompt: the indexer keeps the needle less often, the memory's slot gives it back
+    indexer_10 = accuracy(trained.policy(), ratio=0.1)
+    with_memory_10 = accuracy(trained.policy(), trained.memory, ratio=0.1)
+    assert with_memory_10.accuracy >= indexer_10.accuracy + 0.1, (with_memory_10.accuracy, indexer_10.accuracy)
+    assert with_memory_10.peak_cache_bytes == indexer_10.peak_cache_bytes
     gates = torch.cat([torch.sigmoid(g.bias) for g in trained.memory.gates])
     assert not torch.allclose(gates, torch.full_like(gates, torch.sigmoid(torch.tensor(-3.0)).item()))
