@@ -48,7 +48,13 @@ def test_calibration_distills_after_quantising(quiet_trainer, tmp_path):
     module = CausalLMModule()
     data = ChatSFTDataModule(task="arithmetic", num_train=8, num_val=0, batch_size=4)
     cb = TrellisQuantization(
-        "proteus", L=6, calibration=1, distill_steps=3, save_dir=tmp_path / "q", chunk_tiles=4096, proxy_tiles=1
+        "proteus",
+        L=6,
+        calibration=1,
+        distill_steps=3,
+        save_dir=tmp_path / "q",
+        chunk_tiles=4096,
+        proxy_tiles=1,
     )
     quiet_trainer(max_steps=1, callbacks=[cb]).fit(module, datamodule=data)
     assert cb.distillation["steps"] == 3 and cb.distillation["kl_after"] <= cb.distillation["kl_before"]
