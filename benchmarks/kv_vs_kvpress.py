@@ -5,7 +5,7 @@ One process, one model object, one set of prompts, one evaluation loop; only the
 * **model**: the embedded random-init ``tiny`` backbone (Llama: 4 layers, hidden 128, 4 query / 2 KV heads, head
   dim 32), fp32, taught single-needle retrieval by ``lightning_llm.eviction.study.train_retrieval_backbone``
   (``{"haystack_words": 40, "value_digits": 1}``, up to ``--backbone-max-steps`` steps of 32 at lr 3e-3, stopping at 98% full-cache accuracy, seed ``--seed``),
-  then frozen; an :class:`~lightning_llm.modules.IndexMemModule` (``budget_ratio=[0.1, 0.25]``, sinks 4, window 4,
+  then frozen; an :class:`~lightning_llm.modules.IndexMemModule` (``budget_ratio=[0.1, 0.25, 0.5]``, sinks 2, window 2,
   lr 3e-3) is trained on it for ``--indexmem-steps`` steps of 16 (``NeedleDataModule`` seed 100), the recipe of
   ``tests/behaviour/test_kv_eviction.py``. Every generation of both sides runs through ``IndexMemModule.model``
   (the same weights, eager attention, as in the behaviour test). ``--backbone`` / ``--indexmem`` reuse saved ones.
@@ -13,8 +13,8 @@ One process, one model object, one set of prompts, one evaluation loop; only the
   is rendered with the chat template (``render_prompt``, ``add_special_tokens=False``: 73-88 tokens, ending with
   the assistant header); greedy decoding of at most ``--max-new-tokens`` tokens, stopping at eos; the completion
   (cut at eos) is scored with ``task.score`` (``<answer>D</answer>`` with the right digit).
-* **budget**: per prompt of ``L`` tokens, ``budget = max(8, ceil(ratio * L))`` KV entries per layer (8 = our
-  policies' sinks + window; the floor only binds at 10% for ``L`` < 71, i.e. never here). kvpress's
+* **budget**: per prompt of ``L`` tokens, ``budget = max(4, ceil(ratio * L))`` KV entries per layer (4 = our
+  policies' sinks + window; the floor never binds here). kvpress's
   ``compression_ratio`` (the fraction REMOVED, nominally ``1 - ratio``) is set per prompt length to
   ``1 - (budget + 0.5) / L`` because kvpress keeps ``int(L * (1 - compression_ratio))`` (a floor, and
   ``1 - (1 - 0.1)`` is below 0.1 in floating point) while ours keeps ``ceil``: both sides then keep exactly
@@ -27,9 +27,9 @@ One process, one model object, one set of prompts, one evaluation loop; only the
   explicit ``position_ids`` of the uncompressed sequence, as kvpress's pipeline does, ``logits_to_keep=1``),
   outside the press context (kvpress presses only act at prefill). Ours: ``generate_with_budget``.
 * **settings**: full cache on both sides (sanity: identical completions and cache bytes required); per ratio,
-  kvpress ``StreamingLLMPress(n_sink=4)``, ``SnapKVPress(window_size=8, kernel_size=1)`` and
+  kvpress ``StreamingLLMPress(n_sink=2)``, ``SnapKVPress(window_size=8, kernel_size=1)`` and
   ``ExpectedAttentionPress()`` (defaults: n_sink 4, 512 future positions, covariance, value-norm rescaling) vs
-  ours ``StreamingLLM(4, 4)``, ``H2O(4, 4)``, ``SnapKV(4, 4, observation_window=8, kernel_size=1)``, the trained
+  ours ``StreamingLLM(2, 2)``, ``H2O(2, 2)``, ``SnapKV(2, 2, observation_window=8, kernel_size=1)``, the trained
   ``IndexerPolicy`` and indexer + ``LatentMemory``.
 
 Remaining differences (by design of each library; recorded in the JSON ``notes``):
@@ -42,12 +42,14 @@ Remaining differences (by design of each library; recorded in the JSON ``notes``
 * at prefill both sides attend to the full prompt and compress at the end of each layer's forward (kvpress in an
   attention forward hook, ours in ``cache.update``), so the first generated token is the full-cache one on both.
 * SnapKV: kvpress always keeps the ``window_size`` observation-window tokens and ranks all others, sinks included,
-  by their mean attention from the window (averaged over the KV group); ours always keeps 4 sinks + the 4 most
+  by their mean attention from the window (averaged over the KV group); ours always keeps 2 sinks + the 2 most
   recent tokens and ranks the rest by the summed attention of the last 8 queries (summed over the group; same
   ranking as the mean). kvpress's defaults (window 64, kernel 5) are not used: a 64-token window is most of a
   78-token prompt and larger than a 20-token budget, so the choice would be among tied window scores.
 * ExpectedAttention keeps its 4 sinks but no recency window (by design); StreamingLLM is identical at prefill
-  (4 sinks + the most recent ``budget - 4``).
+  (2 sinks + the most recent ``budget - 2``). 2 sinks + 2 recent (not 4 + 4) on our side: with 4 + 4 our policies
+  had no slot to choose at 10% (8-9 entries) and the memory's slot was weighed against 4 attention sinks (see
+  ``tests/behaviour/test_kv_eviction.py``).
 * memory: both count the stored keys + values of all layers (fp32). kvpress: measured on the ``DynamicCache`` after
   the prefill and after every decoding forward; ours: ``GenerationResult.peak_cache_bytes`` (after every update).
   Neither counts the transient full-prompt K/V of the layer being compressed during prefill. Not KV, so reported
@@ -110,9 +112,9 @@ from _common import machine_info, package_versions, summary_row, utc_now, write_
 
 NAME = "kv_vs_kvpress"
 TASK = {"haystack_words": 40, "value_digits": 1}
-SINKS, WINDOW = 4, 4
+SINKS, WINDOW = 2, 2
 SNAP_OBSERVATION, SNAP_KERNEL = 8, 1
-INDEXMEM_RATIOS = [0.1, 0.25]
+INDEXMEM_RATIOS = [0.1, 0.25, 0.5]
 
 MEASUREMENT = {
     "accuracy": "greedy decoding, at most max_new_tokens tokens, stop at the tokenizer's eos; completion cut at eos "
@@ -555,7 +557,7 @@ def _notes(args: argparse.Namespace) -> list[str]:
         "context on both sides. kvpress's KVPressTextGenerationPipeline is not used: it appends the question and "
         "the template's suffix after compression, uncompressed, which would give kvpress a larger effective "
         "budget than ours.",
-        "Equal budgets: budget = max(8, ceil(ratio * L)) prompt entries per layer on both sides; kvpress's "
+        f"Equal budgets: budget = max({SINKS + WINDOW}, ceil(ratio * L)) prompt entries per layer on both sides; kvpress's "
         "compression_ratio is 1 - (budget + 0.5) / L per prompt length instead of the nominal 1 - ratio, since "
         "kvpress keeps int(L * (1 - compression_ratio)) (floor; with 1 - 0.1 it would often keep one token "
         "less than floor(0.1 L)). Checked: kvpress kept exactly budget tokens after every prefill.",
@@ -568,13 +570,15 @@ def _notes(args: argparse.Namespace) -> list[str]:
         "generated token equals the full-cache one on every setting.",
         f"SnapKV: kvpress SnapKVPress(window_size={SNAP_OBSERVATION}, kernel_size={SNAP_KERNEL}) always keeps its "
         f"{SNAP_OBSERVATION}-token observation window and ranks every other token (sinks included) by the mean "
-        "attention of the window's queries, averaged over the KV group; ours SnapKV(sinks=4, window=4, "
-        f"observation_window={SNAP_OBSERVATION}, kernel_size={SNAP_KERNEL}) always keeps 4 sinks + 4 recent tokens and "
+        f"attention of the window's queries, averaged over the KV group; ours SnapKV(sinks={SINKS}, window={WINDOW}, "
+        f"observation_window={SNAP_OBSERVATION}, kernel_size={SNAP_KERNEL}) always keeps {SINKS} sinks + {WINDOW} recent "
+        "tokens and "
         "ranks the rest by the summed attention of the last 8 queries (same ranking as the mean). kvpress's "
         "defaults (window 64, kernel 5) are not used: the window would be most of the ~78-token prompt and "
         "larger than the ~20-token budget (the choice would fall among tied window scores).",
-        "StreamingLLM: kvpress StreamingLLMPress(n_sink=4) and ours StreamingLLM(sinks=4, window=4) keep the same "
-        "prompt tokens at prefill (4 sinks + the most recent budget - 4); neither re-rotates keys.",
+        f"StreamingLLM: kvpress StreamingLLMPress(n_sink={SINKS}) and ours StreamingLLM(sinks={SINKS}, window={WINDOW}) "
+        f"keep the same prompt tokens at prefill ({SINKS} sinks + the most recent budget - {SINKS}); neither re-rotates "
+        "keys.",
         "ExpectedAttentionPress with its defaults (n_sink=4, n_future_positions=512, use_covariance, use_vnorm): "
         "it has no recency window (the question can be evicted). It has no counterpart among our policies; "
         "H2O and the learned indexer (+ memory) have none in kvpress; H2O needs per-step attention, which "
@@ -587,12 +591,11 @@ def _notes(args: argparse.Namespace) -> list[str]:
         "sampling). Time: single-threaded CPU, tiny model, so per-forward Python overhead dominates; our "
         "attention-based policies (H2O, SnapKV) also recompute the newest queries' attention at every forward, "
         "kvpress's presses compute scores once at prefill.",
-        "Budgets of 8-9 entries (10% of 73-88 tokens): our policies always keep 4 sinks + the 4 most recent "
-        "tokens, so at most one slot is chosen by the policy (every one of ours is then close to StreamingLLM); "
-        "kvpress SnapKV likewise spends 8 slots on its observation window, while ExpectedAttention keeps its 4 "
-        "sinks and ranks every other token with no recency window, which is what lets it keep the needle there. "
-        "A smaller window on our side is a configuration choice this benchmark does not explore (the "
-        "IndexMemModule was trained with window=4, as in the behaviour test).",
+        f"Budgets of 8-9 entries (10% of 73-88 tokens): our policies keep {SINKS} sinks + the {WINDOW} most recent "
+        "tokens and choose the other 4-5; kvpress SnapKV spends all 8 slots on its observation window, "
+        "ExpectedAttention keeps its 4 sinks and ranks every other token with no recency window. With 4 sinks + "
+        "4 recent tokens on our side (the earlier version of this benchmark) our policies had no slot to choose "
+        "there.",
         f"The backbone's retrieval and the indexer are trained for {args.backbone_max_steps} (at most) / "
         f"{args.indexmem_steps} steps at seed {args.seed}: the behaviour test's docstring shows the policy "
         "accuracies vary a lot across seeds (e.g. SnapKV 0.37-0.995 at 25%), so one seed is one sample.",
@@ -832,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
             "prompt": "render_prompt(tokenizer, example.prompt) (chat template up to the assistant header), "
             "add_special_tokens=False; the whole prompt is the compressed context",
             "ratios": args.ratios,
-            "budget": "max(8, ceil(ratio * prompt tokens)) KV entries per layer",
+            "budget": f"max({SINKS + WINDOW}, ceil(ratio * prompt tokens)) KV entries per layer",
             "kvpress_compression_ratio": "1 - (budget + 0.5) / prompt tokens (keeps exactly budget)",
             "ours": {
                 "StreamingLLM": f"StreamingLLM(sinks={SINKS}, window={WINDOW})",
