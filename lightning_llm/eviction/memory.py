@@ -7,34 +7,38 @@ Per layer :math:`\ell` and KV head, every token the budgeted cache evicts is fol
     S \mathrel{+}= \phi(k)^\top v, \qquad z \mathrel{+}= \phi(k), \qquad \phi(x) = \mathrm{elu}(x) + 1,
 
 with ``k`` the RoPE-rotated key. A query head ``h`` (reading KV head ``j(h)`` as in grouped-query attention)
-with RoPE-rotated query ``q_t`` then adds, gated, to its attention output (before ``o_proj``)
+with RoPE-rotated query ``q_t`` reads
 
 .. math::
 
-    o_{t,h} \mathrel{+}= g_{t,h}\, \frac{\phi(q_t) S_{j(h)}}{\phi(q_t) \cdot z_{j(h)} + \varepsilon},
+    r_{t,h} = \frac{\phi(q_t) S_{j(h)}}{\phi(q_t) \cdot z_{j(h)} + \varepsilon},
     \qquad g_{t,h} = \sigma(W^g_\ell h_t + b^g_\ell)_h,
 
 the readout of :func:`lightning_llm.kernels.budgeted_attention` (same :func:`~lightning_llm.kernels.budgeted_attention.phi`
-and ``ε``), where ``h_t`` is the layer's attention input. The gate starts nearly closed
-(``σ(gate_bias) ≈ 0.05``) and is what :class:`~lightning_llm.modules.IndexMemModule` trains, by distilling the
-full-cache outputs. With nothing evicted there is no state and nothing is added: the output is exactly the
-cache's. The readout a forward adds uses the state from before that forward's own evictions (a token is never
-both attended to and read from memory in the same step).
+and ``ε``) and a token-dependent gate, where ``h_t`` is the layer's attention input. How it enters the head's
+attention output :math:`o_{t,h}` (before ``o_proj``):
 
-``mode="softmax"`` (opt-in) instead treats the memory as one more slot of the attention softmax: with
-:math:`\ell_{t,s}` the scaled logits of the keys the forward attended to (cache ``attended``) and
-:math:`Z_t = \sum_s e^{\ell_{t,s}}`, the memory's mass is estimated as
-:math:`m_{t,h} = g_{t,h}\, e^{c_{\ell,h}}\, \phi(q_t)\cdot z_{j(h)}` (the linear-attention estimate of the evicted keys'
-:math:`\sum e^{\ell}`, up to the learned per-head scale :math:`e^{c}`), and
+* ``mode="softmax"`` (default): the memory is one more slot of the attention softmax. With :math:`\ell_{t,s}` the
+  scaled logits of the keys the forward attended to (the cache's ``attended``) and :math:`Z_t = \sum_s e^{\ell_{t,s}}`,
+  the memory's mass is estimated as :math:`m_{t,h} = g_{t,h}\, e^{c_{\ell,h}}\, \phi(q_t)\cdot z_{j(h)}` (the
+  linear-attention estimate of the evicted keys' :math:`\sum e^{\ell}`, up to a learned per-head scale :math:`e^{c}`), and
 
-.. math::
+  .. math::
 
-    o_{t,h} \leftarrow \frac{Z_t\, o_{t,h} + m_{t,h}\, r_{t,h}}{Z_t + m_{t,h}}
-    = o_{t,h} + \sigma(\log m_{t,h} - \log Z_t)\,(r_{t,h} - o_{t,h}),
+      o_{t,h} \leftarrow \frac{Z_t\, o_{t,h} + m_{t,h}\, r_{t,h}}{Z_t + m_{t,h}}
+      = o_{t,h} + \sigma(\log m_{t,h} - \log Z_t)\,(r_{t,h} - o_{t,h}),
 
-so that a confident match among the kept keys (large :math:`Z_t`) outweighs the blurred readout :math:`r`. It needs
-the cache (``attach(model, cache=...)``; ``generate_with_budget`` passes it). One decode step of this is
-``budgeted_attention(..., gate=σ(g)·e^c, memory_mode="softmax")`` with the state repeated per query head.
+  so that a confident match among the kept keys (large :math:`Z_t`) outweighs the blurred readout. It needs the
+  cache (``attach(model, cache=...)``; ``generate_with_budget`` passes it). One decode step of this is
+  ``budgeted_attention(..., gate=σ(g)·e^c, memory_mode="softmax")`` with the state repeated per query head.
+* ``mode="residual"``: :math:`o_{t,h} \mathrel{+}= g_{t,h}\, r_{t,h}` (the first form we built; on one backbone its
+  gate opened where the kept keys already held the answer and lowered accuracy, see
+  ``tests/behaviour/test_kv_eviction.py``).
+
+The gate starts nearly closed (``σ(gate_bias) ≈ 0.05``) and is what :class:`~lightning_llm.modules.IndexMemModule`
+trains (with the mass scale), by distilling the full-cache outputs. With nothing evicted there is no state and
+nothing is added: the output is exactly the cache's. The readout a forward adds uses the state from before that
+forward's own evictions (a token is never both attended to and read from memory in the same step).
 
 Exact forms in the paper (arXiv 2605.25475) are unverified: ``φ``, ``ε``, the placement of the residual (head
 outputs before ``o_proj``) and the token-dependent sigmoid gate are our reading.
@@ -67,8 +71,8 @@ class LatentMemory(nn.Module):
         hidden_size: width of the hidden states (the gate's input).
         num_heads: query heads per layer.
         gate_bias: initial gate logit (``σ(-3) ≈ 0.05``); the gate weights start at zero.
-        mode: ``"residual"`` (the gated readout is added) or ``"softmax"`` (the readout is one more softmax slot
-            weighed against the attended mass; see the module docstring).
+        mode: ``"softmax"`` (default: the readout is one more softmax slot weighed against the attended mass) or
+            ``"residual"`` (the gated readout is added); see the module docstring.
     """
 
     def __init__(
@@ -77,7 +81,7 @@ class LatentMemory(nn.Module):
         hidden_size: int,
         num_heads: int,
         gate_bias: float = -3.0,
-        mode: str = "residual",
+        mode: str = "softmax",
     ) -> None:
         super().__init__()
         if mode not in ("residual", "softmax"):
@@ -95,7 +99,7 @@ class LatentMemory(nn.Module):
         self.evicted_tokens = 0
 
     @classmethod
-    def for_model(cls, model: nn.Module, gate_bias: float = -3.0, mode: str = "residual") -> LatentMemory:
+    def for_model(cls, model: nn.Module, gate_bias: float = -3.0, mode: str = "softmax") -> LatentMemory:
         """A memory sized for ``model`` (an HF decoder)."""
         config = model.config.get_text_config(decoder=True)
         return cls(config.num_hidden_layers, config.hidden_size, config.num_attention_heads, gate_bias, mode)

@@ -29,7 +29,7 @@ def indexers(model):
 @pytest.fixture
 def memory(model):
     torch.manual_seed(1)
-    mem = LatentMemory.for_model(model, gate_bias=0.0)
+    mem = LatentMemory.for_model(model, gate_bias=0.0, mode="residual")  # the readout's formula, by hand
     for gate in mem.gates:  # a data-dependent gate, so the test sees the gate's input too
         torch.nn.init.normal_(gate.weight, std=0.1)
     return mem
@@ -283,7 +283,7 @@ def test_softmax_memory_interpolates_between_the_cache_and_the_readout(model, pr
         return _decode_steps(model, prompt, cache, memory), memory
 
     policy = IndexerPolicy(indexers, sinks=2, window=4)
-    plain = LatentMemory.for_model(model, gate_bias=-1e4)  # residual mode with a closed gate: the cache alone
+    plain = LatentMemory.for_model(model, gate_bias=-1e4, mode="residual")  # a closed gate: the cache alone
     (cache_heads, cache_logits) = _decode_steps(
         model, prompt, BudgetedCache(policy, 12, 4, plain.on_evict), plain
     )
