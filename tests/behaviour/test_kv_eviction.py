@@ -99,7 +99,10 @@ def test_indexer_and_memory_beat_streaming_llm_and_memory_recovers_evicted_needl
     # a tenth of the prompt: the indexer keeps the needle less often, the memory's slot gives it back
     indexer_10 = accuracy(trained.policy(), ratio=0.1)
     with_memory_10 = accuracy(trained.policy(), trained.memory, ratio=0.1)
-    assert with_memory_10.accuracy >= indexer_10.accuracy + 0.1, (with_memory_10.accuracy, indexer_10.accuracy)
+    assert with_memory_10.accuracy >= indexer_10.accuracy + 0.1, (
+        with_memory_10.accuracy,
+        indexer_10.accuracy,
+    )
     assert with_memory_10.peak_cache_bytes == indexer_10.peak_cache_bytes
     gates = torch.cat([torch.sigmoid(g.bias) for g in trained.memory.gates])
     assert not torch.allclose(gates, torch.full_like(gates, torch.sigmoid(torch.tensor(-3.0)).item()))
