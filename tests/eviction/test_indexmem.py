@@ -94,15 +94,8 @@ def test_memory_state_is_the_fold_of_exactly_the_evicted_tokens(model, prompt, i
 
     policy = IndexerPolicy(indexers, sinks=2, window=4)
     cache = BudgetedCache(policy, 12, num_layers=4, on_evict=record)
-    ids, start = prompt, 0
-    with torch.no_grad(), cache.attach(model), memory.attach(model):
-        for _ in range(3):
-            pos = torch.arange(start, start + ids.shape[1])[None]
-            logits = model(
-                input_ids=ids, position_ids=pos, use_cache=True, **{_cache_kwarg(model): cache}
-            ).logits
-            start += ids.shape[1]
-            ids = logits[:, -1:].argmax(-1)
+    _decode_steps(model, prompt, cache, memory, steps=3)
+    start = PROMPT + 2  # tokens seen: the prefilled prompt, then two one-token decoding steps
     for layer in range(4):
         ks = torch.cat([k for i, k, _ in seen if i == layer], dim=2)
         vs = torch.cat([v for i, _, v in seen if i == layer], dim=2)

@@ -171,19 +171,8 @@ TRITON_CASES = [
 ]
 
 
-@pytest.mark.triton
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: f"{_case_id(c[:7])}-blk{c[7]}")
-def test_triton_matches_truth_and_reference(case, dtype):
-    batch, heads, kv_heads, capacity, head_dim, memory, gate, block = case
-    kwargs = _inputs(batch, heads, kv_heads, capacity, head_dim, dtype, memory=memory, gate=gate, seed=1)
-    got = _check(kwargs, "triton", block)
-    want = _budgeted_attention(**kwargs, _backend="torch")
-    _assert_close(got, want, TOLERANCE[dtype], f"triton vs reference ({dtype})")
-
-
-# The softmax-slot epilogue: GQA and not, several slot tiles, a (B, H) and an (H,) gate and none, an empty
-# cache and heads with no valid slot (weight 1), a zero-mass gate entry (weight 0).
+# The softmax-slot epilogue (memory_mode="softmax"): GQA and not, several slot tiles, a (B, H) and an (H,) gate
+# and none, an empty cache and heads with no valid slot (weight 1), a zero-mass gate entry (weight 0).
 SLOT_CASES = [
     (2, 4, 2, 17, 33, True, "batch", 4),
     (1, 4, 2, 40, 16, True, None, None),
@@ -193,17 +182,22 @@ SLOT_CASES = [
 
 @pytest.mark.triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("case", SLOT_CASES, ids=lambda c: f"{_case_id(c[:7])}-blk{c[7]}")
-def test_triton_softmax_slot_matches_truth_and_reference(case, dtype):
+@pytest.mark.parametrize(
+    ("case", "memory_mode"),
+    [(c, "residual") for c in TRITON_CASES] + [(c, "softmax") for c in SLOT_CASES],
+    ids=lambda x: x if isinstance(x, str) else f"{_case_id(x[:7])}-blk{x[7]}",
+)
+def test_triton_matches_truth_and_reference(case, memory_mode, dtype):
     batch, heads, kv_heads, capacity, head_dim, memory, gate, block = case
-    kwargs = _inputs(batch, heads, kv_heads, capacity, head_dim, dtype, memory=memory, gate=gate, seed=2)
-    kwargs["memory_mode"] = "softmax"
-    if gate is not None:
+    seed = 1 if memory_mode == "residual" else 2
+    kwargs = _inputs(batch, heads, kv_heads, capacity, head_dim, dtype, memory=memory, gate=gate, seed=seed)
+    kwargs["memory_mode"] = memory_mode
+    if memory_mode == "softmax" and gate is not None:
         kwargs["gate"] = kwargs["gate"] * 3.0  # a mass factor, not limited to [0, 1]
         kwargs["gate"].view(-1)[0] = 0.0  # an empty slot
     got = _check(kwargs, "triton", block)
     want = _budgeted_attention(**kwargs, _backend="torch")
-    _assert_close(got, want, TOLERANCE[dtype], f"triton vs reference ({dtype})")
+    _assert_close(got, want, TOLERANCE[dtype], f"triton vs reference ({dtype}, {memory_mode})")
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
