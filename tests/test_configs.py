@@ -28,8 +28,8 @@ def test_cli_rejects_unknown_flag(tmp_path, monkeypatch, capsys):
     assert "not_an_argument" in capsys.readouterr().err
 
 
-def test_tokenizer_is_linked_to_model(tmp_path, monkeypatch, tiny_backbone):
-    """--model.init_args.model also sets the DataModule's tokenizer, so they cannot disagree."""
+def test_datamodule_takes_the_models_tokenizer(tmp_path, monkeypatch, tiny_backbone):
+    """--model.init_args.model alone decides the tokenizer: the DataModule reads the fitted model's."""
     model, tokenizer = tiny_backbone
     save = tmp_path / "saved"
     model.save_pretrained(save)
@@ -47,4 +47,7 @@ def test_tokenizer_is_linked_to_model(tmp_path, monkeypatch, tiny_backbone):
         run=False,
         args=["--config", str(CONFIGS[0]), "--model.init_args.model", str(save)],
     )
-    assert cli.datamodule.hparams.tokenizer == str(save)
+    assert cli.datamodule.hparams.tokenizer is None
+    cli.trainer.strategy.connect(cli.model)
+    cli.datamodule.trainer = cli.trainer
+    assert cli.datamodule.tokenizer is cli.model.tokenizer

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbone import eval_mode
+from lightning_llm.backbones import eval_mode
 from lightning_llm.datamodules.sources import IGNORE_INDEX, _pad
 from lightning_llm.modules._lm import last_hidden_states
 

@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbone import eval_mode
+from lightning_llm.backbones import eval_mode
 from lightning_llm.datamodules.pcfg import PCFG, PCFGDataModule, prefix_batches
 from lightning_llm.metrics.grammar import GrammarKL, NGramModel, grammar_kl, model_next_token_logprobs
 

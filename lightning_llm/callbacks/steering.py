@@ -34,7 +34,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_llm.backbone import eval_mode
+from lightning_llm.backbones import eval_mode
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -493,7 +493,7 @@ class ActivationDataModule(L.LightningDataModule):
     moved back afterwards.
 
     Args:
-        model: Backbone: ``"tiny"``, a Hugging Face id or a local directory (:func:`~lightning_llm.backbone.load_backbone`);
+        model: Backbone: ``"tiny"``, a Hugging Face id or a local directory (:func:`~lightning_llm.backbones.load_backbone`);
             its tokenizer renders the dialogues and must have a chat template.
         layer: Decoder layer whose output is harvested (0-based, negative counts from the end).
         mode: ``"sequential"`` (one dialogue per sequence, FAST) or ``"block"`` (packed blocks, the baseline).
@@ -588,7 +588,7 @@ class ActivationDataModule(L.LightningDataModule):
     def backbone(self) -> PreTrainedModel:
         """The frozen backbone (eval mode, ``requires_grad`` False), loaded on first use."""
         if self._backbone is None:
-            from lightning_llm.backbone import load_backbone
+            from lightning_llm.backbones import load_backbone
 
             model, tokenizer = load_backbone(
                 self.hparams.model, trust_remote_code=self.hparams.trust_remote_code
@@ -603,7 +603,7 @@ class ActivationDataModule(L.LightningDataModule):
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The backbone's tokenizer (loaded without the weights when the backbone is not needed)."""
         if self._tokenizer is None:
-            from lightning_llm.backbone import load_tokenizer
+            from lightning_llm.backbones import load_tokenizer
 
             self._set_tokenizer(
                 load_tokenizer(self.hparams.model, trust_remote_code=self.hparams.trust_remote_code)

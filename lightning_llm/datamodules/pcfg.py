@@ -40,6 +40,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_llm.datamodules.chat_sft import IGNORE_INDEX
 from lightning_llm.datamodules.sources import _pad
+from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
 
 __all__ = ["PCFG", "Constituent", "PCFGDataModule", "prefix_batches"]
 
@@ -623,7 +624,8 @@ class PCFGDataModule(L.LightningDataModule):
     and the probes.
 
     Args:
-        tokenizer: Tokenizer name or path (the CLI links it to the model's).
+        tokenizer: ``None`` (default): the tokenizer of the model this DataModule is fitted with (the tiny one
+            when used without a Trainer); a name or path loads that one, and must then be the model's.
         grammar: Path of a grammar JSON file, or a :class:`PCFG`; None uses ``random_grammar``.
         random_grammar: Keyword arguments of :meth:`PCFG.random` (used when ``grammar`` is None).
         terminal_tokens: The vocabulary token of each terminal, in the grammar's terminal order.
@@ -638,7 +640,7 @@ class PCFGDataModule(L.LightningDataModule):
     def __init__(
         self,
         *,
-        tokenizer: str = "tiny",
+        tokenizer: str | None = None,
         grammar: str | PCFG | None = None,
         random_grammar: dict[str, Any] | None = None,
         terminal_tokens: list[str] | None = None,
@@ -682,10 +684,9 @@ class PCFGDataModule(L.LightningDataModule):
 
     @property
     def tokenizer(self):
+        """The tokenizer (see ``tokenizer`` in the class docstring), resolved on first use."""
         if self._tokenizer is None:
-            from lightning_llm.backbone import load_tokenizer
-
-            self._tokenizer = load_tokenizer(self.hparams.tokenizer)
+            self._tokenizer = resolve_tokenizer(self, self.hparams.tokenizer)
         return self._tokenizer
 
     @property
@@ -698,7 +699,7 @@ class PCFGDataModule(L.LightningDataModule):
                 token_id = tokenizer.convert_tokens_to_ids(token)
                 if token_id is None or token_id == tokenizer.unk_token_id:
                     raise ValueError(
-                        f"terminal token {token!r} is not a single token of {self.hparams.tokenizer!r}; set "
+                        f"terminal token {token!r} is not a single token of {self.tokenizer.name_or_path!r}; set "
                         "terminal_tokens to tokens of its vocabulary"
                     )
                 ids.append(int(token_id))
@@ -715,7 +716,7 @@ class PCFGDataModule(L.LightningDataModule):
     @property
     def eos_id(self) -> int:
         if self.tokenizer.eos_token_id is None:
-            raise ValueError(f"tokenizer {self.hparams.tokenizer!r} has no eos token")
+            raise ValueError(f"tokenizer {self.tokenizer.name_or_path!r} has no eos token")
         return int(self.tokenizer.eos_token_id)
 
     def encode(self, sentences: Sequence[Sequence[int]]) -> list[Tensor]:
@@ -727,6 +728,14 @@ class PCFGDataModule(L.LightningDataModule):
         self.tokenizer  # noqa: B018  (builds the tiny tokenizer once, before the processes load it)
 
     def setup(self, stage: str | None = None) -> None:
+        fitted = model_tokenizer(self)
+        if self.hparams.tokenizer is None and fitted is not None and fitted is not self._tokenizer:
+            self._tokenizer, self._token_ids, self.train_sentences = (
+                None,
+                None,
+                [],
+            )  # re-encode with the model's
+        check_same_tokenizer(self, self.tokenizer, self.hparams.tokenizer)
         if self.train_sentences:
             return
         hp = self.hparams

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_llm.datamodules.tasks import Example, Task, get_task, split_train_val
+from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -270,8 +271,10 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         split: Training split of a dataset source (local files have one split and ignore it).
         val_split: Validation split of a dataset source; None holds out ``num_val`` records of the training
             split instead. Validation prompts never appear in training either way.
-        tokenizer: Tokenizer name or path for ``load_tokenizer`` (the CLI links it to the model's name); it
-            must have a chat template.
+        tokenizer: ``None`` (default): the tokenizer of the model this DataModule is fitted with (the tiny one
+            when used without a Trainer). A name or path loads that tokenizer instead, and fitting it with a
+            model whose tokenizer differs raises :class:`~lightning_llm.datamodules.tokenizer.TokenizerMismatchError`.
+            It must have a chat template.
         system_prompt: Optional system message rendered before every prompt.
         num_train: Number of training examples (for a source: at most this many, a seeded random subset).
         num_val: Number of validation examples (for a source: at most this many).
@@ -295,7 +298,7 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         columns: dict[str, str] | None = None,
         split: str = "train",
         val_split: str | None = None,
-        tokenizer: str = "tiny",
+        tokenizer: str | None = None,
         system_prompt: str | None = None,
         num_train: int = 1000,
         num_val: int = 100,
@@ -354,15 +357,14 @@ class ExampleDataModule(L.LightningDataModule, ABC):
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer, loaded on first use so that building a DataModule stays cheap."""
+        """The tokenizer (see ``tokenizer`` in the class docstring), resolved on first use so that building a
+        DataModule stays cheap."""
         if self._tokenizer is None:
-            from lightning_llm.backbone import load_tokenizer
-
-            tokenizer = load_tokenizer(self.hparams.tokenizer)
+            tokenizer = resolve_tokenizer(self, self.hparams.tokenizer)
             if not getattr(tokenizer, "chat_template", None):
                 raise ValueError(
-                    f"tokenizer {self.hparams.tokenizer!r} has no chat template; use a chat/instruct model's "
-                    "tokenizer or set `tokenizer.chat_template`"
+                    f"tokenizer {self.hparams.tokenizer or tokenizer.name_or_path!r} has no chat template; use a "
+                    "chat/instruct model's tokenizer or set `tokenizer.chat_template`"
                 )
             self._tokenizer = tokenizer
         return self._tokenizer
@@ -387,6 +389,12 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         self.tokenizer  # noqa: B018
 
     def setup(self, stage: str | None = None) -> None:
+        fitted = model_tokenizer(self)
+        if self.hparams.tokenizer is None and fitted is not None and fitted is not self._tokenizer:
+            # "the model's tokenizer": data built earlier with another one (standalone use) is rebuilt
+            self._tokenizer = None
+            self._train_data = self._val_data = self._val_examples = None
+        check_same_tokenizer(self, self.tokenizer, self.hparams.tokenizer)
         if self._train_data is not None:
             return
         train, val = self._examples()
@@ -474,7 +482,7 @@ class ExampleDataModule(L.LightningDataModule, ABC):
             )
             if not full.startswith(prompt):
                 raise ValueError(
-                    f"the chat template of {self.hparams.tokenizer!r} renders a conversation that does not "
+                    f"the chat template of {tokenizer.name_or_path!r} renders a conversation that does not "
                     "start with its own generation prompt, so the response cannot be located: "
                     f"{prompt!r} vs {full[: len(prompt) + 20]!r}"
                 )

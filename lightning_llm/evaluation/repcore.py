@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_llm.backbone import eval_mode, lightning_llm_home
+from lightning_llm.backbones import eval_mode, lightning_llm_home
 
 if TYPE_CHECKING:
     from torch import nn

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lightning_llm.backbone import lightning_llm_home, load_tokenizer
+from lightning_llm.backbones import lightning_llm_home, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_llm.backbone import eval_mode
+from lightning_llm.backbones import eval_mode
 from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, LayerStats, OnEvict, check_model
 from lightning_llm.eviction.memory import LatentMemory
 

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from lightning_llm.backbone import eval_mode
+from lightning_llm.backbones import eval_mode
 from lightning_llm.datamodules.pcfg import PCFG, prefix_batches
 
 __all__ = ["GrammarKL", "NGramModel", "grammar_kl", "model_next_token_logprobs"]

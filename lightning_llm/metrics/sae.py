@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from lightning_llm.backbone import eval_mode
+from lightning_llm.backbones import eval_mode
 from lightning_llm.callbacks.steering import _check_layer, decoder_layers
 from lightning_llm.metrics.perplexity import IGNORE_INDEX as _IGNORE_INDEX
 from lightning_llm.metrics.perplexity import token_nll_sum

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbone import eval_mode, load_backbone
+from lightning_llm.backbones import eval_mode, load_backbone
 from lightning_llm.modules._lm import (
     adamw,
     apply_lora_config,

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbone import load_backbone
+from lightning_llm.backbones import load_backbone
 from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.envs import Environment
 from lightning_llm.modules._lm import (

@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_llm.backbone import load_backbone
+from lightning_llm.backbones import load_backbone
 from lightning_llm.eviction.base import BudgetedCache, check_model
 from lightning_llm.eviction.generate import _cache_kwarg
 from lightning_llm.eviction.indexer import IndexerPolicy, LightningIndexer, attention_input, indexer_kl

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbone import eval_mode
+from lightning_llm.backbones import eval_mode
 from lightning_llm.kernels import fused_linear_logprobs
 from lightning_llm.modules._lm import global_mean, labels_to_mask
 from lightning_llm.modules.causal_lm import CausalLMModule

@@ -13,15 +13,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_llm.backbones.moe import moe_blocks, router_top_k
 from lightning_llm.callbacks.calibration import calibration_batches, check_calibration
 from lightning_llm.pruning.experts import (
     METHODS,
     MoELayerStats,
-    _check_keep_ratio,
-    _top_k,
+    check_keep_ratio,
     collect_moe_statistics,
     layer_budgets,
-    moe_blocks,
     prune_experts,
     select_experts,
 )
@@ -40,7 +39,7 @@ class ExpertPruning(Callback):
 
     Budgets: ``budget="erank"`` splits the kept experts over layers :math:`\propto` the layers' effective
     ranks (RaGEP; layers then keep different counts, and the saved model reloads with
-    :func:`~lightning_llm.pruning.experts.load_pruned_moe`, not a plain ``from_pretrained``);
+    ``load_backbone`` (:func:`~lightning_llm.backbones.moe.load_moe`), not a plain ``from_pretrained``);
     ``budget="uniform"`` keeps the same count in every layer (as many as the total allows). The default
     ``None`` is ``"erank"`` for RaGEP and ``"uniform"`` for the baselines. Every layer keeps at least the
     router's ``top_k`` experts.
@@ -78,7 +77,7 @@ class ExpertPruning(Callback):
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
-        _check_keep_ratio(keep_ratio)
+        check_keep_ratio(keep_ratio)
         check_calibration(calibration)
         if budget not in (None, "erank", "uniform"):
             raise ValueError(f"unknown budget {budget!r}; choose 'erank', 'uniform' or None")
@@ -125,7 +124,7 @@ class ExpertPruning(Callback):
     ) -> dict[int, list[int]]:
         """Calibrate on ``batches`` and return the experts to keep per layer (current indices); prunes nothing."""
         blocks = moe_blocks(model)
-        min_experts = _top_k(next(iter(blocks.values())))
+        min_experts = router_top_k(next(iter(blocks.values())))
         stats = collect_moe_statistics(
             model, batches, max_tokens=self.max_tokens, keep_hidden_states=self.rank_source == "input"
         )

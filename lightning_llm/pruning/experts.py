@@ -44,14 +44,11 @@ Baselines (same calibration statistics):
 Statistics are collected in one pass of the unpruned model (layer :math:`l` sees the unpruned layers before
 it), on the non-padding tokens. A shared expert (Qwen-MoE) is never pruned and cancels out of every score.
 
-Structure (:func:`prune_experts`): transformers 5 stores a layer's experts fused, as 3-D parameters
-``experts.gate_up_proj [E, 2I, H]`` and ``experts.down_proj [E, H, I]`` under ``mlp`` (Mixtral's legacy
-``block_sparse_moe.experts.{i}.w1/w2/w3`` layout is converted on load and written back on save). Pruning
-slices every parameter of ``experts`` and ``gate`` whose first dimension is :math:`E`, updates the modules'
+Structure (:func:`prune_experts`, on :mod:`lightning_llm.backbones.moe`): pruning slices every parameter of ``experts`` and ``gate`` whose first dimension is :math:`E`, updates the modules'
 ``num_experts`` and the config (``num_local_experts`` / ``num_experts``), and caps the router ``top_k`` at
 the smallest layer's count. HF configs hold *one* expert count, so a model whose layers keep different counts
 cannot be rebuilt by a plain ``from_pretrained``: :func:`prune_experts` then records the kept experts in
-``config.expert_pruning`` and :func:`load_pruned_moe` reloads it (a uniform model reloads either way).
+``config.expert_pruning`` and ``load_backbone`` reloads it (:func:`lightning_llm.backbones.moe.load_moe`).
 """
 
 from __future__ import annotations
@@ -60,11 +57,19 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
+
+from lightning_llm.backbones.moe import (
+    moe_blocks,
+    num_experts,
+    router_normalizes,
+    router_top_k,
+    set_router_top_k,
+    slice_experts,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -72,11 +77,10 @@ if TYPE_CHECKING:
 __all__ = [
     "METHODS",
     "MoELayerStats",
+    "check_keep_ratio",
     "collect_moe_statistics",
     "effective_rank",
     "layer_budgets",
-    "load_pruned_moe",
-    "moe_blocks",
     "naee_reconstruction_error",
     "prune_experts",
     "ragep_select",
@@ -87,67 +91,6 @@ __all__ = [
 METHODS = ("ragep", "frequency", "reap", "naee")
 Method = Literal["ragep", "frequency", "reap", "naee"]
 _CONFIG_COUNT_KEYS = ("num_local_experts", "num_experts")
-
-
-# ------------------------------------------------------------------------------------------------ structure
-
-
-def moe_blocks(model: nn.Module) -> dict[int, nn.Module]:
-    """The sparse MoE blocks of a decoder, by layer index: modules with a ``gate`` router and ``experts``.
-
-    Found under each decoder layer as ``mlp`` (transformers 5: Mixtral, Qwen2/3-MoE) or ``block_sparse_moe``
-    (older Mixtral). Raises ``ValueError`` for a model without any.
-    """
-    layers = _decoder_layers(model)
-    blocks = {}
-    for index, layer in enumerate(layers):
-        for name in ("mlp", "block_sparse_moe"):
-            block = getattr(layer, name, None)
-            if block is not None and _is_moe_block(block):
-                blocks[index] = block
-                break
-    if not blocks:
-        raise ValueError(
-            f"{type(model).__name__} has no sparse MoE block (a layer `mlp` or `block_sparse_moe` with a `gate` "
-            "router and `experts`); expert pruning needs a Mixtral- or Qwen-MoE-style model"
-        )
-    return blocks
-
-
-def _decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
-    base = getattr(model, "model", model)
-    layers = getattr(base, "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise ValueError(
-            f"{type(model).__name__} has no `model.layers` decoder stack; not a supported MoE LM"
-        )
-    return layers
-
-
-def _is_moe_block(block: nn.Module) -> bool:
-    gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
-    return isinstance(getattr(gate, "weight", None), Tensor) and isinstance(experts, nn.Module)
-
-
-def _num_experts(block: nn.Module) -> int:
-    return int(block.gate.weight.shape[0])
-
-
-def _top_k(block: nn.Module) -> int:
-    for owner in (block.gate, block):
-        value = getattr(owner, "top_k", None)
-        if isinstance(value, int):
-            return value
-    raise ValueError(f"cannot find the router top_k of {type(block).__name__}")
-
-
-def _normalizes(block: nn.Module) -> bool:
-    """Whether the router renormalises its top-k probabilities (Mixtral always does; Qwen: norm_topk_prob)."""
-    for owner in (block.gate, block):
-        value = getattr(owner, "norm_topk_prob", None)
-        if isinstance(value, bool):
-            return value
-    return True
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -306,7 +249,7 @@ def _layer_stats(block: nn.Module, x: Tensor, keep_hidden_states: bool) -> MoELa
     param = block.gate.weight
     xd = x.to(device=param.device, dtype=param.dtype)
     logits = nn.functional.linear(xd, param, getattr(block.gate, "bias", None)).float()
-    top_k, normalize = _top_k(block), _normalizes(block)
+    top_k, normalize = router_top_k(block), router_normalizes(block)
     out = block.gate(xd)
     if (
         isinstance(out, tuple) and len(out) == 3
@@ -321,7 +264,7 @@ def _layer_stats(block: nn.Module, x: Tensor, keep_hidden_states: bool) -> MoELa
             f"the router of {type(block).__name__} is not a softmax top-{top_k} router (normalize={normalize}); "
             "its pruned routing cannot be simulated"
         )
-    outputs = torch.stack([_expert_output(block.experts, e, xd) for e in range(_num_experts(block))])
+    outputs = torch.stack([_expert_output(block.experts, e, xd) for e in range(num_experts(block))])
     return MoELayerStats(
         router_logits=logits.cpu(),
         top_k_index=top_i.cpu(),
@@ -380,7 +323,7 @@ def layer_budgets(
     parts (ties: lower layer index). :math:`K` is at least :math:`\sum_l m_l`. Equal scores give as uniform a
     split as the total allows. The result sums to :math:`K` exactly.
     """
-    _check_keep_ratio(keep_ratio)
+    check_keep_ratio(keep_ratio)
     layers = sorted(num_experts)
     if not layers or sorted(scores) != layers:
         raise ValueError(
@@ -426,7 +369,7 @@ def layer_budgets(
     return budget
 
 
-def _check_keep_ratio(keep_ratio: float) -> None:
+def check_keep_ratio(keep_ratio: float) -> None:
     if not isinstance(keep_ratio, (int, float)) or not 0.0 < keep_ratio <= 1.0:
         raise ValueError(f"keep_ratio must be in (0, 1], got {keep_ratio!r}")
 
@@ -577,7 +520,7 @@ def prune_experts(model: PreTrainedModel, keep: Mapping[int, Sequence[int]]) -> 
     for layer, experts in keep.items():
         if layer not in blocks:
             raise ValueError(f"layer {layer} is not an MoE layer; MoE layers: {sorted(blocks)}")
-        count = _num_experts(blocks[layer])
+        count = num_experts(blocks[layer])
         indices = sorted({int(e) for e in experts})
         if not indices:
             raise ValueError(f"layer {layer}: keep at least one expert")
@@ -588,15 +531,12 @@ def prune_experts(model: PreTrainedModel, keep: Mapping[int, Sequence[int]]) -> 
     record = dict(getattr(config, "expert_pruning", None) or {})
     previous = {int(i): list(v) for i, v in (record.get("kept") or {}).items()}
     for layer, indices in plan.items():
-        original = previous.get(layer, list(range(_num_experts(blocks[layer]))))
-        _slice_block(blocks[layer], indices)
+        original = previous.get(layer, list(range(num_experts(blocks[layer]))))
+        slice_experts(blocks[layer], indices)
         previous[layer] = [original[i] for i in indices]
-    counts = {layer: _num_experts(block) for layer, block in blocks.items()}
-    top_k = min(_top_k(blocks[next(iter(blocks))]), min(counts.values()))
-    for block in blocks.values():
-        for owner in (block.gate, block):
-            if isinstance(getattr(owner, "top_k", None), int):
-                owner.top_k = top_k
+    counts = {layer: num_experts(block) for layer, block in blocks.items()}
+    top_k = min(router_top_k(blocks[next(iter(blocks))]), min(counts.values()))
+    set_router_top_k(blocks, top_k)
     count = max(counts.values())
     for key in _CONFIG_COUNT_KEYS:
         if isinstance(getattr(config, key, None), int):
@@ -610,123 +550,3 @@ def prune_experts(model: PreTrainedModel, keep: Mapping[int, Sequence[int]]) -> 
     record["uniform"] = len(set(counts.values())) == 1
     config.expert_pruning = record
     return model
-
-
-def _slice_block(block: nn.Module, indices: list[int]) -> None:
-    count = _num_experts(block)
-    index = torch.tensor(indices, dtype=torch.long)
-    for module in (block.gate, block.experts):
-        if isinstance(module, nn.ModuleList):
-            continue
-        for name, param in list(module.named_parameters(recurse=False)):
-            if param.ndim >= 1 and param.shape[0] == count:
-                data = param.data.index_select(0, index.to(param.device)).clone()
-                setattr(module, name, nn.Parameter(data, requires_grad=param.requires_grad))
-        for name, buffer in list(module.named_buffers(recurse=False)):
-            if buffer is not None and buffer.ndim >= 1 and buffer.shape[0] == count:
-                module._buffers[name] = buffer.index_select(0, index.to(buffer.device)).clone()
-    if isinstance(block.experts, nn.ModuleList):
-        block.experts = nn.ModuleList([block.experts[i] for i in indices])
-    if isinstance(block.gate, nn.Linear):
-        block.gate.out_features = len(indices)
-    for module in (block.gate, block.experts, block):
-        if isinstance(getattr(module, "num_experts", None), int):
-            module.num_experts = len(indices)
-
-
-# ------------------------------------------------------------------------------------------------ reload
-
-
-def load_pruned_moe(directory: str | Path, **kwargs: Any) -> PreTrainedModel:
-    """Load a model written by ``save_pretrained`` after :func:`prune_experts`, also when its layers keep
-    different numbers of experts (which a plain ``from_pretrained`` cannot rebuild from the config).
-
-    Non-uniform layers are loaded with ``ignore_mismatched_sizes``, sliced to their recorded counts and their
-    router and expert tensors read from the checkpoint (transformers 5 writes Mixtral experts in the legacy
-    ``experts.{i}.w1/w3/w2`` layout and Qwen-MoE in ``experts.{i}.gate_proj/up_proj/down_proj``; both are
-    fused back into ``gate_up_proj`` / ``down_proj``). ``kwargs`` go to ``from_pretrained``.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    directory = Path(directory)
-    config = AutoConfig.from_pretrained(directory)
-    record = getattr(config, "expert_pruning", None) or {}
-    if record.get("uniform", True):
-        return AutoModelForCausalLM.from_pretrained(directory, **kwargs)
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the expected size mismatches would print a load report
-    try:
-        model = AutoModelForCausalLM.from_pretrained(directory, ignore_mismatched_sizes=True, **kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    blocks = moe_blocks(model)
-    counts = {int(i): len(v) for i, v in record["kept"].items()}
-    tensors = _read_checkpoint(directory)
-    for layer, n in counts.items():
-        block = blocks[layer]
-        if _num_experts(block) != n:
-            _slice_block(block, list(range(n)))
-        _fill_block_from_checkpoint(block, layer, n, tensors)
-    top_k = (
-        min(config.num_experts_per_tok, min(counts.values()))
-        if hasattr(config, "num_experts_per_tok")
-        else None
-    )
-    if top_k is not None:
-        for block in blocks.values():
-            for owner in (block.gate, block):
-                if isinstance(getattr(owner, "top_k", None), int):
-                    owner.top_k = top_k
-    return model
-
-
-def _read_checkpoint(directory: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{directory}: no safetensors checkpoint")
-    tensors: dict[str, Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file)))
-    return tensors
-
-
-def _fill_block_from_checkpoint(block: nn.Module, layer: int, n: int, tensors: Mapping[str, Tensor]) -> None:
-    prefixes = [f"model.layers.{layer}.{name}." for name in ("mlp", "block_sparse_moe")]
-    prefix = next((p for p in prefixes if f"{p}gate.weight" in tensors), None)
-    if prefix is None:
-        raise KeyError(f"layer {layer}: no router weight in the checkpoint under {prefixes}")
-
-    def assign(module: nn.Module, name: str, value: Tensor) -> None:
-        old = getattr(module, name)
-        if tuple(old.shape) != tuple(value.shape):
-            raise ValueError(
-                f"layer {layer}: checkpoint {name} has shape {tuple(value.shape)}, expected {tuple(old.shape)}"
-            )
-        old.data.copy_(value.to(old.dtype))
-
-    assign(block.gate, "weight", tensors[f"{prefix}gate.weight"])
-    experts = block.experts
-    if isinstance(experts, nn.ModuleList):
-        for i, expert in enumerate(experts):
-            for name, param in expert.named_parameters():
-                param.data.copy_(tensors[f"{prefix}experts.{i}.{name}"].to(param.dtype))
-        return
-    if f"{prefix}experts.gate_up_proj" in tensors:
-        assign(experts, "gate_up_proj", tensors[f"{prefix}experts.gate_up_proj"])
-        assign(experts, "down_proj", tensors[f"{prefix}experts.down_proj"])
-        return
-    names = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))
-    layout = next((n for n in names if f"{prefix}experts.0.{n[0]}.weight" in tensors), None)
-    if layout is None:
-        raise KeyError(f"layer {layer}: unknown expert layout in the checkpoint under {prefix}experts")
-    gate_name, up_name, down_name = layout
-    per = [
-        [tensors[f"{prefix}experts.{i}.{name}.weight"] for name in (gate_name, up_name, down_name)]
-        for i in range(n)
-    ]
-    assign(experts, "gate_up_proj", torch.stack([torch.cat([g, u]) for g, u, _ in per]))
-    assign(experts, "down_proj", torch.stack([d for _, _, d in per]))

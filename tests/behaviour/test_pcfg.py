@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_llm.backbone import load_backbone
+from lightning_llm.backbones import load_backbone
 from lightning_llm.callbacks.pcfg import GrammarKLMonitor, LayerwiseProbe
 from lightning_llm.datamodules import PCFGDataModule
 from lightning_llm.modules import CausalLMModule

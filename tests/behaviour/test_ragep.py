@@ -37,7 +37,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_llm.backbone import load_backbone
+from lightning_llm.backbones import load_backbone
 from lightning_llm.datamodules import ChatSFTDataModule
 from lightning_llm.datamodules.tasks import Example, Task, get_task, register_task
 from lightning_llm.metrics import token_nll

@@ -31,7 +31,7 @@ def test_quantizes_at_fit_end_and_saves(quiet_trainer, tmp_path):
 
 
 def test_on_demand_and_errors(tiny_backbone):
-    from lightning_llm.backbone import load_backbone
+    from lightning_llm.backbones import load_backbone
 
     model, _ = load_backbone("tiny")
     cb = TrellisQuantization("rtn", at_fit_end=False, skip=("lm_head", "mlp"))

@@ -9,7 +9,7 @@ import lightning as L
 import pytest
 import torch
 
-import lightning_llm.backbone
+import lightning_llm.backbones
 from lightning_llm.datamodules import ChatSFTDataModule
 from lightning_llm.datamodules.chat_sft import IGNORE_INDEX
 
@@ -225,28 +225,28 @@ def test_lightning_checkpoint_resumes_the_data_order_mid_epoch(tmp_path):
 
 
 def test_tokenizer_without_chat_template_is_a_clear_error(monkeypatch):
-    def no_template(name: str):
-        tokenizer = real_load(name)
+    def no_template(name: str, **kwargs):
+        tokenizer = real_load(name, **kwargs)
         tokenizer.chat_template = None
         return tokenizer
 
-    real_load = lightning_llm.backbone.load_tokenizer
-    monkeypatch.setattr(lightning_llm.backbone, "load_tokenizer", no_template)
+    real_load = lightning_llm.backbones.load_tokenizer
+    monkeypatch.setattr(lightning_llm.backbones, "load_tokenizer", no_template)
     with pytest.raises(ValueError, match=r"tiny.* has no chat template"):
         ChatSFTDataModule(num_train=2).setup("fit")
 
 
 def test_template_without_end_token_gets_eos_appended(monkeypatch):
-    def plain_template(name: str):
-        tokenizer = real_load(name)
+    def plain_template(name: str, **kwargs):
+        tokenizer = real_load(name, **kwargs)
         tokenizer.chat_template = (
             "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant: {% endif %}"
         )
         return tokenizer
 
-    real_load = lightning_llm.backbone.load_tokenizer
-    monkeypatch.setattr(lightning_llm.backbone, "load_tokenizer", plain_template)
+    real_load = lightning_llm.backbones.load_tokenizer
+    monkeypatch.setattr(lightning_llm.backbones, "load_tokenizer", plain_template)
     dm = ChatSFTDataModule(task="copy", num_train=2, num_val=0)
     (item, *_) = _items(dm)
     train, _ = dm._examples()

@@ -5,7 +5,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_llm.backbone import load_backbone
+from lightning_llm.backbones import load_backbone
 from lightning_llm.datamodules import ChatSFTDataModule, PCFGDataModule
 from lightning_llm.modules import CausalLMModule
 from lightning_llm.modules.causal_lm import warmup_cosine

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_llm.backbone import load_backbone
+from lightning_llm.backbones import load_backbone
 from lightning_llm.modules.lora import (
     LoRAConfig,
     LoRALinear,

@@ -8,16 +8,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lightning_llm.backbone import load_backbone, load_tokenizer
+from lightning_llm.backbones import build_tiny_moe, load_backbone, load_tokenizer
+from lightning_llm.backbones.moe import load_moe
 from lightning_llm.pruning import (
     METHODS,
     ExpertPruning,
     MoELayerStats,
-    build_tiny_moe,
     collect_moe_statistics,
     effective_rank,
     layer_budgets,
-    load_pruned_moe,
     moe_blocks,
     naee_reconstruction_error,
     prune_experts,
@@ -89,7 +88,7 @@ def test_pruned_model_runs_saves_and_reloads(moe_dir, calibration, method, tmp_p
     assert out.shape[1] == calibration[0]["input_ids"].shape[1] + 4
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    reloaded = load_pruned_moe(tmp_path)
+    reloaded = load_moe(tmp_path)
     _assert_consistent(reloaded)
     assert torch.equal(_logits(reloaded, calibration[0]), logits)
     if model.config.expert_pruning["uniform"]:  # one count per layer: the plain HF path rebuilds it too
@@ -108,9 +107,9 @@ def test_non_uniform_layers_and_top_k_cap_reload(moe_dir, calibration, tmp_path)
     assert model.config.expert_pruning["kept"] == {"0": [2, 5], "1": [4]}
     logits = _logits(model, calibration[0])
     model.save_pretrained(tmp_path)
-    reloaded = load_pruned_moe(tmp_path)
+    reloaded = load_moe(tmp_path)
     assert torch.equal(_logits(reloaded, calibration[0]), logits)
-    # load_backbone recognises the non-uniform record and goes through load_pruned_moe
+    # load_backbone recognises the non-uniform record and goes through load_moe
     load_tokenizer(str(moe_dir)).save_pretrained(tmp_path)
     via_backbone, _ = load_backbone(str(tmp_path))
     assert torch.equal(_logits(via_backbone, calibration[0]), logits)
@@ -216,7 +215,7 @@ def test_callback_prunes_at_fit_end(moe_dir, quiet_trainer, tmp_path):
     assert sum(len(v) for v in pruner.kept.values()) == 6
     assert set(pruner.state_dict()) >= {"kept", "budgets", "eranks"}
     _assert_consistent(module.model)
-    reloaded = load_pruned_moe(tmp_path)  # CausalLMModule saved after the callback pruned
+    reloaded = load_moe(tmp_path)  # CausalLMModule saved after the callback pruned
     _assert_consistent(reloaded)
     restored = ExpertPruning("ragep")
     restored.load_state_dict(pruner.state_dict())

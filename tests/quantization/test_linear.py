@@ -62,7 +62,7 @@ def test_no_bias_and_errors():
 
 @pytest.fixture(scope="module")
 def quantized_tiny(_isolated_home):
-    from lightning_llm.backbone import load_backbone
+    from lightning_llm.backbones import load_backbone
 
     model, tok = load_backbone("tiny")  # a fresh copy: quantize_model works in place
     quantize_model(model, method="qtip-1mad", L=6, chunk_tiles=4096)

@@ -44,7 +44,7 @@ class LLMAgent(Agent):
     """Plays with a causal LM under grammar-constrained decoding.
 
     Args:
-        model: A backbone name or path (loaded with :func:`~lightning_llm.backbone.load_backbone`), or a model.
+        model: A backbone name or path (loaded with :func:`~lightning_llm.backbones.load_backbone`), or a model.
         tokenizer: Required when ``model`` is a model object.
         max_intents: Lines per decision (capped by ``Rules.intents_per_decision``).
         temperature: 0 is greedy; otherwise sampling over the allowed tokens with a per-match seeded generator.
@@ -63,7 +63,7 @@ class LLMAgent(Agent):
         name: str = "llm",
     ) -> None:
         if isinstance(model, str):
-            from lightning_llm.backbone import load_backbone
+            from lightning_llm.backbones import load_backbone
 
             model, tokenizer = load_backbone(model)
         if tokenizer is None:
@@ -111,7 +111,7 @@ class LLMAgent(Agent):
         if self._trie is None or self._trie_rules != obs.rules:
             self._trie, self._trie_rules = self._build_trie(obs.rules), obs.rules
         # deferred: importing the game must not import transformers
-        from lightning_llm.backbone import eval_mode
+        from lightning_llm.backbones import eval_mode
 
         device = next(self.model.parameters()).device
         with eval_mode(self.model):

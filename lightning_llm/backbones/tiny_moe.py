@@ -1,17 +1,53 @@
-"""A tiny, randomly initialised sparse MoE causal LM with the embedded tiny tokenizer, for tests and studies."""
+"""``"tiny-moe"``: a tiny, randomly initialised sparse MoE causal LM with the tiny tokenizer, for expert-pruning studies."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from lightning_llm.backbone import _quiet_progress, load_tokenizer
+from lightning_llm.backbones.cache import cached_directory, lightning_llm_home
+from lightning_llm.backbones.tiny import TinyRecipe, tiny_directory
+from lightning_llm.backbones.utils import quiet_progress
 
-__all__ = ["ARCHS", "build_tiny_moe"]
+__all__ = ["ARCHS", "TINY_MOE", "TinyMoERecipe", "build_tiny_moe", "tiny_moe_directory"]
 
+TINY_MOE = "tiny-moe"
 ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+@dataclass(frozen=True)
+class TinyMoERecipe:
+    """Everything that determines the tiny MoE (``build_tiny_moe``'s arguments); with the tokenizer's recipe, the key."""
+
+    version: int = 1
+    arch: str = "mixtral"
+    num_experts: int = 8
+    top_k: int = 2
+    layers: int = 4
+    hidden: int = 64
+    expert_intermediate: int = 128
+    seed: int = 0
+
+    def key(self) -> str:
+        record = {**asdict(self), "tokenizer": TinyRecipe().key()}
+        digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
+        return f"tiny-moe-v{self.version}-{digest}"
+
+
+def tiny_moe_directory(recipe: TinyMoERecipe | None = None) -> Path:
+    """Path of the verified tiny MoE, building (or rebuilding) it when missing or corrupt."""
+    recipe = recipe or TinyMoERecipe()
+
+    def build(staging: Path) -> dict[str, Any]:
+        build_tiny_moe(staging, **{k: v for k, v in asdict(recipe).items() if k != "version"})
+        return {"recipe": asdict(recipe)}
+
+    return cached_directory(lightning_llm_home() / recipe.key(), build, what="tiny-moe backbone")
 
 
 def build_tiny_moe(
@@ -59,7 +95,9 @@ def build_tiny_moe(
         raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, num_experts={num_experts}")
     if hidden % heads:
         raise ValueError(f"hidden={hidden} must be divisible by heads={heads}")
-    tokenizer = load_tokenizer("tiny")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_directory())
     common: dict[str, Any] = dict(
         vocab_size=-(-len(tokenizer) // 64) * 64,
         hidden_size=hidden,
@@ -103,7 +141,7 @@ def build_tiny_moe(
     )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    with _quiet_progress(True):
+    with quiet_progress():
         model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory

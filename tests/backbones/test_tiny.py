@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from lightning_llm.backbone import TAG_TOKENS, TinyRecipe, _tiny_dir, eval_mode, load_backbone, load_tokenizer
+from lightning_llm.backbones import TAG_TOKENS, TinyRecipe, eval_mode, load_backbone, load_tokenizer
+from lightning_llm.backbones.tiny import tiny_directory
 
 
 def test_tiny_is_small_llama_style(tiny_backbone):
@@ -37,23 +38,23 @@ def test_tiny_build_is_deterministic(tmp_path, monkeypatch):
     digests = []
     for sub in ("a", "b"):
         monkeypatch.setenv("LIGHTNING_LLM_HOME", str(tmp_path / sub))
-        manifest = json.loads((_tiny_dir() / "manifest.json").read_text())
+        manifest = json.loads((tiny_directory() / "manifest.json").read_text())
         digests.append(manifest["files"])
     assert digests[0] == digests[1]
 
 
 def test_corrupt_or_partial_cache_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("LIGHTNING_LLM_HOME", str(tmp_path))
-    directory = _tiny_dir()
+    directory = tiny_directory()
     weights = directory / "model.safetensors"
     reference = weights.read_bytes()
     weights.write_bytes(reference[: len(reference) // 2])  # a truncated download / crashed write
     with pytest.warns(UserWarning, match="checksum mismatch"):
-        assert _tiny_dir() == directory
+        assert tiny_directory() == directory
     assert weights.read_bytes() == reference
     (directory / "manifest.json").unlink()  # a build interrupted before its manifest
     with pytest.warns(UserWarning, match="no manifest"):
-        _tiny_dir()
+        tiny_directory()
     assert (directory / "manifest.json").is_file()
 
 
@@ -79,11 +80,6 @@ def test_dtype_argument(tiny_backbone):
     assert next(model.parameters()).dtype == torch.bfloat16
 
 
-def test_missing_local_path_fails_clearly(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_backbone(str(tmp_path / "does-not-exist"))
-
-
 def test_eval_mode_restores_the_mode_also_on_errors():
     layer = torch.nn.Dropout(0.5)
     with eval_mode(layer):
@@ -101,8 +97,8 @@ def test_eval_mode_restores_the_mode_also_on_errors():
 
 def test_tiny_moe_loads_is_moe_and_is_cached(monkeypatch):
     """``"tiny-moe"``: a cached tiny Mixtral (4 MoE layers × 8 experts); the second load reuses the cache."""
-    import lightning_llm.backbone as backbone
-    from lightning_llm.pruning.experts import moe_blocks
+    import lightning_llm.backbones.tiny_moe as tiny_moe
+    from lightning_llm.backbones.moe import moe_blocks
 
     model, tokenizer = load_backbone("tiny-moe")
     assert model.config.model_type == "mixtral"
@@ -115,7 +111,7 @@ def test_tiny_moe_loads_is_moe_and_is_cached(monkeypatch):
     def no_rebuild(*args, **kwargs):
         raise AssertionError("the cached tiny-moe was rebuilt")
 
-    monkeypatch.setattr(backbone, "_build_tiny_moe", no_rebuild)
+    monkeypatch.setattr(tiny_moe, "build_tiny_moe", no_rebuild)
     again, _ = load_backbone("tiny-moe")
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
