@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from lightning_llm.kernels._dispatch import use_triton
+    from lightning_llm.kernels import use_triton
 
     # the package re-exports the function under the module's name, hence import_module
     flp = importlib.import_module("lightning_llm.kernels.fused_linear_logprobs")

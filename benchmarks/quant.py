@@ -6,7 +6,7 @@ Three measurements in one process, same data and model for every method:
    encoding time of ``quantize_matrix`` at 2 bits for RTN-2 (MSE-best uniform grid per row), QTIP 1MAD,
    QTIP 3INST and Proteus MUL-BAL (L = ``--L``, V = 1, tail-biting), and of bitsandbytes NF4 (4 bits, absmax per
    64). References: 2-bit Lloyd-Max 0.1175, distortion-rate bound 0.0625.
-2. **Perplexity of a trained tiny model**: ``lightning_llm.quantization.study.train_arithmetic_model``
+2. **Perplexity of a trained tiny model**: ``lightning_llm.evaluation.quantization_study.train_arithmetic_model``
    (``"tiny"`` Llama, 800 steps of two-digit ``+ - *`` arithmetic) and ``compare_quantizers`` over every
    method of ``study.METHODS``: held-out response-token perplexity (200 conversations), the encoding wall time
    (one run: deterministic, minutes at L = 16), and the relative weight error ``Σ‖Ŵ−W‖² / Σ‖W‖²`` over the 28
@@ -88,7 +88,11 @@ def _weight_error(original: torch.nn.Module, quantized: torch.nn.Module) -> floa
 
 
 def _model(steps: int, L: int, seed: int) -> dict:
-    from lightning_llm.quantization.study import METHODS, compare_quantizers, train_arithmetic_model
+    from lightning_llm.evaluation.quantization_study import (
+        METHODS,
+        compare_quantizers,
+        train_arithmetic_model,
+    )
 
     start = time.perf_counter()
     model, data = train_arithmetic_model(steps, seed=seed)
@@ -119,7 +123,9 @@ def _matmul(L: int, batches: list[int], reps: int) -> dict:
     start = time.perf_counter()
     ours = TrellisLinear.from_linear(dense, code="proteus", L=L).eval()
     encode_s = time.perf_counter() - start
-    nf4 = quantize_model_nf4(torch.nn.Sequential(copy.deepcopy(dense)), skip=(), cpu_bf16_kernel=True)[0].eval()
+    nf4 = quantize_model_nf4(torch.nn.Sequential(copy.deepcopy(dense)), skip=(), cpu_bf16_kernel=True)[
+        0
+    ].eval()
     compiled = set_trellis_backend(copy.deepcopy(ours), "compiled")
     w_hat = dequantize(ours.quantized_matrix())
     out = {"encode_seconds_at_L": encode_s, "L": L, "batches": {}}
@@ -160,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     results: dict = {}
-    if args.merge:  # keep the other parts of the last run (e.g. re-time the matmul without re-encoding at L=16)
+    if (
+        args.merge
+    ):  # keep the other parts of the last run (e.g. re-time the matmul without re-encoding at L=16)
         from _common import RESULTS_DIR
 
         previous = json.loads((RESULTS_DIR / f"{NAME}.json").read_text())
@@ -185,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     if "model" in results:
         m = results["model"]["methods"]
         for ours in ("proteus", "proteus+distill"):
-            for peer, label in (("rtn", "RTN 2-bit"), ("qtip-1mad", "QTIP 1MAD 2-bit"), ("nf4", "bitsandbytes NF4 (4-bit)")):
+            for peer, label in (
+                ("rtn", "RTN 2-bit"),
+                ("qtip-1mad", "QTIP 1MAD 2-bit"),
+                ("nf4", "bitsandbytes NF4 (4-bit)"),
+            ):
                 summary.append(
                     summary_row(NAME, f"{'Proteus' if ours == 'proteus' else 'Proteus + distillation'} 2-bit", label,
                                 "held-out perplexity, tiny model", m[ours]["perplexity"], m[peer]["perplexity"], "lower")

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_llm.callbacks.calibration import calibration_batches, check_calibration
-from lightning_llm.quantization.linear import TrellisLinear, quantize_model, save_quantized
+from lightning_llm.quantization import TrellisLinear, quantize_model, save_quantized
 
 __all__ = ["TrellisQuantization"]
 

@@ -201,16 +201,15 @@ def budgeted_attention_forward(
     memory_norm: torch.Tensor | None,
     gate: torch.Tensor | None,
     scale: float,
+    eps: float,
     block: int,
     memory_mode: str = "residual",
 ) -> torch.Tensor:
-    """``out (B, H, D)`` in ``q``'s dtype: one kernel launch over ``B·H`` programs.
+    """``out (B, H, D)`` in ``q``'s dtype: one kernel launch over ``B·H`` programs; ``eps`` is the readout's ``ε``.
 
     Inputs may be any strided views; a ``(H,)`` gate is broadcast over the batch through a zero stride.
     ``lengths`` is clamped to ``[0, S]`` inside the kernel (not checked: that would cost a host sync).
     """
-    from lightning_llm.kernels.budgeted_attention import MEMORY_EPS
-
     n_batch, n_heads, head_dim = q.shape
     n_kv, capacity = k.shape[1], k.shape[2]
     out = torch.empty(n_batch, n_heads, head_dim, dtype=q.dtype, device=q.device)
@@ -245,7 +244,7 @@ def budgeted_attention_forward(
         *(gate.stride() if gate is not None else (0, 0)),
         *out.stride(),
         scale,
-        MEMORY_EPS,
+        eps,
         HAS_MEMORY=has_memory,
         HAS_GATE=has_memory and gate is not None,
         MEMORY_SLOT=has_memory and memory_mode == "softmax",

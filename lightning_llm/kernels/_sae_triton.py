@@ -1,9 +1,10 @@
-"""Triton kernels for :mod:`lightning_llm.kernels.sae`.
+"""Triton kernels for the SAE ops :mod:`~lightning_llm.kernels.sparse_decode`,
+:mod:`~lightning_llm.kernels.topk_encode` (its backward) and :mod:`~lightning_llm.kernels.jumprelu`.
 
 Kept in its own module because ``@triton.jit`` needs ``triton.language`` among the module globals (the
 interpreter patches it there) and decides between compiled and interpreted execution when the decorator
-runs. Importing this module therefore imports Triton; :mod:`~lightning_llm.kernels.sae` only does so on
-first use of the Triton path.
+runs. Importing this module therefore imports Triton; the op modules only do so on first use of the Triton
+path.
 
 With ``values, indices (N, k)``, ``weight (M, d)``, ``pre (N, M)`` and ``θ (M,)``:
 
@@ -16,7 +17,7 @@ With ``values, indices (N, k)``, ``weight (M, d)``, ``pre (N, M)`` and ``θ (M,)
 None of them uses ``tl.dot``: the products are gathers and elementwise work. Sums accumulate in fp32;
 16-bit outputs are rounded once, to nearest even also under the interpreter (:func:`_downcast`). Every
 operand is passed with its strides, so views (e.g. an expanded upstream gradient) need no copy. Indices
-are assumed to lie in ``[0, M)``; :mod:`~lightning_llm.kernels.sae` documents why they are not checked here.
+are assumed to lie in ``[0, M)``; :mod:`~lightning_llm.kernels.sparse_decode` documents why they are not checked here.
 """
 
 from __future__ import annotations

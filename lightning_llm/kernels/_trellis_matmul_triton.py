@@ -6,12 +6,11 @@ between compiled and interpreted execution when the decorator runs; importing th
 :func:`_trellis_matmul_kernel` computes, in the incoherence-processed basis, ``y[M, m] = x[M, n] · W̃ᵀ`` with
 ``W̃[i, j] = σ_i · c(s(f))``, ``f = i·n + j`` the row-major flat index of the weight, ``f // tile`` its tile,
 ``p = f % tile`` its position and ``s`` the trellis state of step ``p // V`` rebuilt from the packed stream
-(``L`` bits, read MSB first and cyclically, ending at the step's last bit; see :mod:`lightning_llm.
-quantization.trellis`). Every ``BLOCK_N × BLOCK_K`` tile of ``W̃`` is decoded in registers inside the K loop
+(``L`` bits, read MSB first and cyclically, ending at the step's last bit; see :mod:`.trellis_decode`). Every ``BLOCK_N × BLOCK_K`` tile of ``W̃`` is decoded in registers inside the K loop
 (``L`` byte loads and shifts per weight, then the code's integer instructions: no table), multiplied with the
 ``BLOCK_M × BLOCK_K`` activation tile by ``tl.dot`` in fp32 (``input_precision="ieee"``: no tf32) and the
 per-row scales are applied once in the epilogue. Integer arithmetic is int64 with ``& (2^32 − 1)``, exactly as
-:mod:`lightning_llm.quantization.codes`.
+:mod:`.trellis_decode`.
 """
 
 from __future__ import annotations

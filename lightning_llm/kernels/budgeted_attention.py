@@ -81,7 +81,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_llm.kernels._dispatch import triton_available, use_triton
+from lightning_llm.kernels._common import check_dtypes, check_hooks, check_same_device
+from lightning_llm.kernels._dispatch import resolve_backend
 
 __all__ = ["MAX_TRITON_HEAD_DIM", "MEMORY_EPS", "MEMORY_MODES", "budgeted_attention", "memory_readout", "phi"]
 
@@ -91,10 +92,6 @@ MEMORY_EPS = 1e-6
 
 #: Largest head dim the Triton kernel takes (one ``BLOCK_S × D`` tile of K or V in registers).
 MAX_TRITON_HEAD_DIM = 256
-
-_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_BACKENDS = ("auto", "triton", "torch")
 
 #: How the readout enters: ``"residual"`` (added, gated) or ``"softmax"`` (one more softmax slot of mass
 #: ``gate · φ(q)·z``); see the module docstring.
@@ -275,28 +272,18 @@ def _validate(
                 f"gate must have shape (B, H) = ({n_batch}, {n_heads}) or (H,) = ({n_heads},) for "
                 f"q {_shape(q)}, got {_shape(gate)}"
             )
-    if q.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"q dtype must be one of {_SUPPORTED_DTYPES}, got {q.dtype}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"q ({q.dtype}) and {name} ({t.dtype}) must share a dtype")
+    check_dtypes("q", {"q": q, "k": k, "v": v})
     if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
         raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
     for name, t in (("memory_state", memory_state), ("memory_norm", memory_norm), ("gate", gate)):
         if t is not None and not t.dtype.is_floating_point:
             raise TypeError(f"{name} must be floating point, got {t.dtype}")
-    tensors = (q, k, v, lengths, memory_state, memory_norm, gate)
-    devices = {t.device for t in tensors if t is not None}
-    if len(devices) > 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    check_same_device((q, k, v, lengths, memory_state, memory_norm, gate))
     if scale is not None and (
         isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
     ):
         raise ValueError(f"scale must be a finite Python number or None, got {scale!r}")
-    if backend not in _BACKENDS:
-        raise ValueError(f"_backend must be one of {_BACKENDS}, got {backend!r}")
-    if block is not None and (block < 2 or block & (block - 1)):
-        raise ValueError(f"_block must be a power of two >= 2, got {block!r}")
+    check_hooks(backend, block, min_block=2)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -364,26 +351,10 @@ def _torch_budgeted_attention(
 
 
 def _resolve_backend(backend: str, q: Tensor, *tensors: Tensor | None) -> str:
-    """Turn ``"auto"`` into ``"triton"`` or ``"torch"``; fail clearly when Triton is forced but cannot run.
-
-    ``"auto"`` picks Triton for CUDA tensors (:func:`use_triton`) of a kernel dtype and head dim at most
-    :data:`MAX_TRITON_HEAD_DIM`.
-    """
-    head_dim = q.shape[-1]
-    if backend == "auto":
-        present = [q, *(t for t in tensors if t is not None)]
-        fits = q.dtype in _TRITON_DTYPES and head_dim <= MAX_TRITON_HEAD_DIM
-        return "triton" if fits and use_triton(*present) else "torch"
-    if backend == "triton":
-        if not triton_available():
-            raise RuntimeError("_backend='triton' was requested but triton cannot be imported")
-        if q.dtype not in _TRITON_DTYPES:
-            raise TypeError(f"the Triton kernel supports {_TRITON_DTYPES}, got {q.dtype}")
-        if head_dim > MAX_TRITON_HEAD_DIM:
-            raise ValueError(
-                f"the Triton kernel supports head dims up to {MAX_TRITON_HEAD_DIM}, got {head_dim}"
-            )
-    return backend
+    """:func:`~._dispatch.resolve_backend` with this kernel's limits: a kernel dtype and a head dim at most
+    :data:`MAX_TRITON_HEAD_DIM`."""
+    limits = (("head dims", q.shape[-1], MAX_TRITON_HEAD_DIM),)
+    return resolve_backend("budgeted_attention", backend, (q, *tensors), dtype=q.dtype, limits=limits)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -415,7 +386,7 @@ def _budgeted_attention_op(
             from lightning_llm.kernels import _budgeted_attention_triton
 
             return _budgeted_attention_triton.budgeted_attention_forward(
-                q, k, v, lengths, memory_state, memory_norm, gate, scale, block, memory_mode
+                q, k, v, lengths, memory_state, memory_norm, gate, scale, MEMORY_EPS, block, memory_mode
             )
         return _torch_budgeted_attention(
             q, k, v, lengths, memory_state, memory_norm, gate, scale, memory_mode

@@ -52,7 +52,8 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor
 
-from lightning_llm.kernels._dispatch import triton_available, use_triton
+from lightning_llm.kernels._common import BACKENDS, check_dtypes
+from lightning_llm.kernels._dispatch import TRITON_DTYPES, resolve_backend
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "entropy_dynamics_reference", "fused_linear_logprobs"]
 
@@ -61,9 +62,6 @@ __all__ = ["DEFAULT_CHUNK_BYTES", "entropy_dynamics_reference", "fused_linear_lo
 #: 223 for a 150k bf16 vocab: large enough that the chunk matmul keeps the GPU busy, small enough that
 #: the logits never dominate memory. The reference path adds a few fp32 temporaries of the same shape.
 DEFAULT_CHUNK_BYTES = 64 * 2**20
-
-_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_BACKENDS = ("auto", "triton", "torch")
 
 
 @overload
@@ -213,12 +211,12 @@ def _validate(
         )
     if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
         raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
-    if hidden.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"hidden dtype must be one of {_SUPPORTED_DTYPES}, got {hidden.dtype}")
-    if weight.dtype != hidden.dtype:
-        raise TypeError(
-            f"hidden ({hidden.dtype}) and lm_head_weight ({weight.dtype}) must share a dtype; cast one of them"
-        )
+    check_dtypes(
+        "hidden",
+        {"hidden": hidden, "lm_head_weight": weight},
+        supported=TRITON_DTYPES,
+        hint="; cast one of them",
+    )
     if not (hidden.device == weight.device == targets.device):
         raise ValueError(
             f"hidden, lm_head_weight and targets must be on one device, got "
@@ -228,8 +226,8 @@ def _validate(
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    if backend not in _BACKENDS:
-        raise ValueError(f"_backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"_backend must be one of {BACKENDS}, got {backend!r}")
     if block_v is not None and (block_v < 1 or block_v & (block_v - 1)):
         raise ValueError(f"_block_v must be a power of two, got {block_v!r}")
 
@@ -333,13 +331,9 @@ def _torch_row_grad_(
 # --------------------------------------------------------------------------------------------------
 
 
-def _resolve_backend(backend: str, *tensors: Tensor) -> str:
-    """Turn ``"auto"`` into ``"triton"`` or ``"torch"``; fail clearly when Triton is forced but missing."""
-    if backend == "auto":
-        return "triton" if use_triton(*tensors) else "torch"
-    if backend == "triton" and not triton_available():
-        raise RuntimeError("_backend='triton' was requested but triton cannot be imported")
-    return backend
+def _resolve_backend(backend: str, hidden: Tensor, *tensors: Tensor) -> str:
+    """:func:`~._dispatch.resolve_backend` for this op (its kernels take every dtype it accepts)."""
+    return resolve_backend("fused_linear_logprobs", backend, (hidden, *tensors), dtype=hidden.dtype)
 
 
 def _row_functions(backend: str, block_v: int) -> tuple[Callable[..., None], Callable[..., None]]:

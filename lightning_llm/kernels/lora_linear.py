@@ -54,17 +54,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_llm.kernels._dispatch import triton_available, use_triton
+from lightning_llm.kernels._common import autocast_inputs, check_dtypes, check_hooks, check_same_device
+from lightning_llm.kernels._dispatch import resolve_backend
 
 __all__ = ["MAX_TRITON_RANK", "lora_linear"]
 
 #: Largest LoRA rank the Triton kernel takes: its ``BLOCK_M × r`` fp32 accumulator and ``BLOCK_K × r`` tile
 #: live in registers / shared memory next to the output tile. Larger ranks use the reference path.
 MAX_TRITON_RANK = 256
-
-_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_BACKENDS = ("auto", "triton", "torch")
 
 
 def lora_linear(
@@ -123,22 +120,12 @@ def _lora_linear(
     ``_block`` forces the Triton row, column and reduction blocks (a power of two ≥ 16) so tests can
     exercise several tiles and ragged edges on small shapes.
     """
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        x, weight, A, B, bias = _autocast(torch.get_autocast_dtype(device_type), x, weight, A, B, bias)
+    x, weight, A, B, bias = autocast_inputs(x.device.type, x, weight, A, B, bias)
     _validate(x, weight, A, B, scale, column_scale, bias, _backend, _block)
     y, _ = torch.ops.lightning_llm.lora_linear(
         x.reshape(-1, x.shape[-1]), weight, A, B, column_scale, bias, float(scale), _backend, _block or 0
     )
     return y.reshape(*x.shape[:-1], weight.shape[0])
-
-
-def _autocast(dtype: torch.dtype, *tensors: Tensor | None) -> tuple[Tensor | None, ...]:
-    """``tensors`` as autocast casts ``nn.Linear``'s inputs: floating tensors other than fp64 to ``dtype``."""
-    return tuple(
-        t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
-        for t in tensors
-    )
 
 
 def _validate(
@@ -191,25 +178,17 @@ def _validate(
             f"bias must have shape (out,) = ({n_out},) for weight {tuple(weight.shape)}, "
             f"got {tuple(bias.shape)}"
         )
-    if x.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"x dtype must be one of {_SUPPORTED_DTYPES}, got {x.dtype}")
-    for name, t in (("weight", weight), ("A", A), ("B", B), ("bias", bias)):
-        if t is not None and t.dtype != x.dtype:
-            raise TypeError(
-                f"x ({x.dtype}) and {name} ({t.dtype}) must share a dtype; "
-                "cast one of them or use torch.autocast"
-            )
+    check_dtypes(
+        "x",
+        {"x": x, "weight": weight, "A": A, "B": B, "bias": bias},
+        hint="; cast one of them or use torch.autocast",
+    )
     if column_scale is not None and not column_scale.dtype.is_floating_point:
         raise TypeError(f"column_scale must be floating point, got {column_scale.dtype}")
-    devices = {t.device for t in (x, weight, A, B, column_scale, bias) if t is not None}
-    if len(devices) > 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    check_same_device((x, weight, A, B, column_scale, bias))
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite Python number, got {scale!r}")
-    if backend not in _BACKENDS:
-        raise ValueError(f"_backend must be one of {_BACKENDS}, got {backend!r}")
-    if block is not None and (block < 16 or block & (block - 1)):
-        raise ValueError(f"_block must be a power of two >= 16, got {block!r}")
+    check_hooks(backend, block, min_block=16)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -252,24 +231,11 @@ def _resolve_backend(
     column_scale: Tensor | None,
     bias: Tensor | None,
 ) -> str:
-    """Turn ``"auto"`` into ``"triton"`` or ``"torch"``; fail clearly when Triton is forced but cannot run.
-
-    ``"auto"`` picks Triton for CUDA tensors (:func:`use_triton`) of a kernel dtype and rank at most
-    :data:`MAX_TRITON_RANK`.
-    """
-    rank = A.shape[0]
-    if backend == "auto":
-        tensors = [t for t in (x, weight, A, B, column_scale, bias) if t is not None]
-        fits = x.dtype in _TRITON_DTYPES and rank <= MAX_TRITON_RANK
-        return "triton" if fits and use_triton(*tensors) else "torch"
-    if backend == "triton":
-        if not triton_available():
-            raise RuntimeError("_backend='triton' was requested but triton cannot be imported")
-        if x.dtype not in _TRITON_DTYPES:
-            raise TypeError(f"the Triton kernel supports {_TRITON_DTYPES}, got {x.dtype}")
-        if rank > MAX_TRITON_RANK:
-            raise ValueError(f"the Triton kernel supports ranks up to {MAX_TRITON_RANK}, got {rank}")
-    return backend
+    """:func:`~._dispatch.resolve_backend` with this kernel's limits: a kernel dtype and a rank at most
+    :data:`MAX_TRITON_RANK`."""
+    tensors = (x, weight, A, B, column_scale, bias)
+    limits = (("ranks", A.shape[0], MAX_TRITON_RANK),)
+    return resolve_backend("lora_linear", backend, tensors, dtype=x.dtype, limits=limits)
 
 
 # --------------------------------------------------------------------------------------------------

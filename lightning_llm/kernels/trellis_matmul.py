@@ -4,22 +4,21 @@ A :class:`~lightning_llm.quantization.QuantizedMatrix` stores ``Ŵ = (Q_m S_m)�
 trellis bits (``k`` per weight), per-row scales ``σ`` and the code constants. Since
 ``x Ŵᵀ = [ (x (Q_n S_n)ᵀ) (diag(σ) q)ᵀ ] (Q_m S_m)``::
 
-    x̃ = H_in(x)              = RandomHadamard(n, seed_in).forward(x)        (PyTorch, fp32)
+    x̃ = H_in(x)              = RandomHadamard(n, seed_in).forward(x)        (PyTorch, fp32, :mod:`.hadamard`)
     ỹ = x̃ W̃ᵀ,  W̃ = diag(σ) q                                              (the custom op / Triton kernel)
     y = H_out⁻¹(ỹ)            = RandomHadamard(m, seed_out).inverse(ỹ)       (PyTorch, fp32)
 
 Hadamard placement (decision). The two random Hadamard transforms are applied to the *activations* in
 PyTorch around the kernel, as QTIP does: they are ``O((n + m) log)`` per row against the ``O(n·m)`` matmul,
-they need the odd-factor dense rotation for non-power-of-two widths (:mod:`lightning_llm.quantization.
-hadamard`), and keeping them out of the kernel keeps the kernel a plain "decode-tile-and-dot" loop. They run
+they need the odd-factor dense rotation for non-power-of-two widths (:mod:`.hadamard`), and keeping them out of the kernel keeps the kernel a plain "decode-tile-and-dot" loop. They run
 in fp32 on an fp32 copy of ``x`` (an FWHT in bf16 would round at each of its ``log n`` passes), so the
 kernel always sees fp32 activations; the result is rounded once to ``x``'s dtype. ``incoherence=False``
 skips both.
 
 The core op ``lightning_llm::trellis_matmul`` (a ``torch.library`` custom op with a fake, inference only: no
-autograd) computes ``ỹ``. Its reference, :func:`_torch_trellis_matmul`, decodes the whole ``q`` with
-:func:`lightning_llm.quantization.decode_packed` (any code, including 3INST and the RTN baseline) and runs one
-matmul; the Triton kernel (:mod:`._trellis_matmul_triton`, codes 1MAD and MUL-BAL, any ``L``, ``k·V ≤ 8``,
+autograd) computes ``ỹ``. Its reference, :func:`_torch_trellis_matmul`, decodes the whole ``q`` with the
+primitives of :mod:`.trellis_decode` (any code, including 3INST and the RTN baseline; bit-exact with
+:func:`lightning_llm.quantization.dequantize`) and runs one matmul; the Triton kernel (:mod:`._trellis_matmul_triton`, codes 1MAD and MUL-BAL, any ``L``, ``k·V ≤ 8``,
 ``V ∈ {1, 2}``) decodes ``W̃`` tile by tile inside the matmul loop from the state integer, with no table, and
 works for any number of rows ``M`` of ``x`` (QTIP's kernels are batch-1 only). Dispatch follows
 :mod:`._dispatch`: CUDA tensors with Triton importable and a kernel-supported code run the kernel, everything
@@ -44,25 +43,35 @@ import functools
 import torch
 from torch import Tensor
 
-from lightning_llm.kernels._dispatch import triton_available, use_triton
+from lightning_llm.kernels._dispatch import resolve_backend
+from lightning_llm.kernels.hadamard import RandomHadamard
+from lightning_llm.kernels.trellis_decode import (
+    CODE_IDS,
+    code_values,
+    rtn_levels,
+    trellis_states,
+    window_states,
+)
 
-__all__ = ["CODE_IDS", "trellis_matmul"]
+__all__ = ["BACKENDS", "code_constants", "trellis_matmul"]
 
-#: Integer ids of the codes in the op's schema. The kernel supports 0 and 1.
-CODE_IDS = {"qtip-1mad": 0, "proteus": 1, "qtip-3inst": 2, "rtn": 3}
-_KERNEL_CODES = (0, 1)
-_BACKENDS = ("auto", "triton", "torch", "compiled")
+#: Values of ``trellis_matmul``'s ``_backend`` (and of :func:`lightning_llm.quantization.set_trellis_backend`).
+BACKENDS = ("auto", "triton", "torch", "compiled")
+
+#: The codes the Triton kernel (and the compiled decode) implement, by name and by id.
+_KERNEL_CODES = ("qtip-1mad", "proteus")
+_KERNEL_CODE_IDS = tuple(CODE_IDS[c] for c in _KERNEL_CODES)
+_CODE_NAMES = {i: c for c, i in CODE_IDS.items()}
 
 
 @functools.lru_cache(maxsize=256)
-def _hadamard(n: int, seed: int):
-    from lightning_llm.quantization.hadamard import RandomHadamard
-
+def _hadamard(n: int, seed: int) -> RandomHadamard:
     return RandomHadamard(n, seed)
 
 
-def _code_constants(code: str, code_params: dict) -> tuple[int, int, int, float, float]:
-    """``(code_id, c0, c1, alpha, beta)`` of the op's schema from a code name and its params."""
+def code_constants(code: str, code_params: dict) -> tuple[int, int, int, float, float]:
+    """``(code_id, c0, c1, alpha, beta)`` of the op's schema from a code name and its params (the
+    ``code_params`` of a :class:`~lightning_llm.quantization.QuantizedMatrix`)."""
     if code not in CODE_IDS:
         raise ValueError(f"unknown code {code!r}; expected one of {tuple(CODE_IDS)}")
     p = code_params
@@ -113,9 +122,13 @@ def trellis_matmul(
         raise ValueError(f"packed must be a 2-D uint8 tensor, got {packed.dtype} {tuple(packed.shape)}")
     if scales.shape != (m,):
         raise ValueError(f"scales must have shape ({m},), got {tuple(scales.shape)}")
-    if _backend not in _BACKENDS:
-        raise ValueError(f"_backend must be one of {_BACKENDS}, got {_backend!r}")
-    code_id, c0, c1, alpha, beta = _code_constants(code, code_params)
+    if _backend not in BACKENDS:
+        raise ValueError(f"_backend must be one of {BACKENDS}, got {_backend!r}")
+    if packed.shape[1] != (tile * k + 7) // 8:
+        raise ValueError(
+            f"packed has {packed.shape[1]} bytes per tile, expected {(tile * k + 7) // 8} for tile={tile}, k={k}"
+        )
+    code_id, c0, c1, alpha, beta = code_constants(code, code_params)
     lead = x.shape[:-1]
     xr = x.reshape(-1, n).float()
     if incoherence:
@@ -142,26 +155,15 @@ def trellis_matmul(
     return y.to(x.dtype).reshape(*lead, m)
 
 
-def _make_code(code_id: int, c0: int, c1: int, alpha: float, beta: float, V: int):
-    from lightning_llm.quantization.codes import MulBalCode, OneMADCode, ThreeInstCode
-
-    if code_id == 0:
-        return OneMADCode(V=V, a=c0, b=c1)
-    if code_id == 1:
-        return MulBalCode(V=V, multiplier=c0, shift=c1, alpha=alpha, beta=beta)
-    return ThreeInstCode(V=V, a=c0, b=c1)
-
-
 def _decode_weight(
     packed: Tensor, m: int, n: int, code_id: int, c0: int, c1: int, alpha: float, beta: float, L, k, V, tile
 ) -> Tensor:
-    """The normalised decoded ``q [m, n]`` (fp32), exactly as :func:`lightning_llm.quantization.dequantize`."""
-    from lightning_llm.quantization.trellis import _unpack_chunks, decode_packed
-
-    if code_id == 3:
-        q = _unpack_chunks(packed, tile, k).float() - ((1 << k) - 1) / 2
+    """The normalised decoded ``q [m, n]`` (fp32), bit-exact with :func:`lightning_llm.quantization.dequantize`
+    before its scales and Hadamards."""
+    if code_id == CODE_IDS["rtn"]:
+        q = rtn_levels(packed, tile, k)
     else:
-        q = decode_packed(packed, _make_code(code_id, c0, c1, alpha, beta, V), L, k, V, n=tile)
+        q = code_values(trellis_states(packed, tile // V, L, k * V), code_id, c0, c1, alpha, beta, V)
     return q.reshape(-1)[: m * n].view(m, n)
 
 
@@ -179,23 +181,16 @@ def _decode_scaled(
     """``diag(σ) q [m, n]`` for 1MAD / MUL-BAL, the code constants as tensors: ``ints = [c0, c1]`` (int64),
     ``floats = [α, β]``.
 
-    The code functions of :mod:`lightning_llm.quantization.codes` (the classes use the same ones) with the
-    constants passed as tensors, so that ``torch.compile`` sees them as data, not as Python numbers: one compiled graph per layer
-    shape serves every layer of that shape (constants baked in would recompile for every layer).
+    The code functions of :mod:`.trellis_decode` with the constants passed as tensors, so that
+    ``torch.compile`` sees them as data, not as Python numbers: one compiled graph per layer shape serves every
+    layer of that shape (constants baked in would recompile for every layer).
     """
-    from lightning_llm.quantization.codes import mulbal_step, mulbal_value, onemad_step, onemad_value
-    from lightning_llm.quantization.trellis import _window_states
-
-    x = _window_states(packed, tile // V, L, k * V)
-    values = []
-    for _ in range(V):
-        if code_id == 0:
-            x = onemad_step(x, ints[0], ints[1])
-            values.append(onemad_value(x))
-        else:
-            x = mulbal_step(x, ints[0], ints[1])
-            values.append(mulbal_value(x, floats[0], floats[1]))
-    q = torch.stack(values, dim=-1).reshape(-1)[: m * n].view(m, n)
+    states = window_states(packed, tile // V, L, k * V)
+    q = (
+        code_values(states, code_id, ints[0], ints[1], floats[0], floats[1], V)
+        .reshape(-1)[: m * n]
+        .view(m, n)
+    )
     return q * scales.unsqueeze(1)
 
 
@@ -213,7 +208,7 @@ def _compiled_trellis_matmul(
     scaling as one generated loop (≈ 8x faster than the eager reference on a CPU). Codes 1MAD and MUL-BAL;
     the others fall back to the eager reference.
     """
-    if code_id not in _KERNEL_CODES or (tile // V) * k * V % 8 or L > 24:
+    if code_id not in _KERNEL_CODE_IDS or (tile // V) * k * V % 8 or L > 24:
         return _torch_trellis_matmul(x, packed, scales, m, code_id, c0, c1, alpha, beta, L, k, V, tile)
     ints = torch.tensor([c0, c1], dtype=torch.int64, device=packed.device)
     floats = torch.tensor([alpha, beta], dtype=torch.float32, device=packed.device)
@@ -221,18 +216,14 @@ def _compiled_trellis_matmul(
     return x @ weight.t()
 
 
-def _resolve_backend(backend: str, code_id: int, V: int, k: int, *tensors: Tensor) -> str:
-    fits = code_id in _KERNEL_CODES and V in (1, 2) and k * V <= 8
-    if backend == "auto":
-        return "triton" if fits and use_triton(*tensors) else "torch"
-    if backend == "triton":
-        if not triton_available():
-            raise RuntimeError("_backend='triton' was requested but triton cannot be imported")
-        if not fits:
-            raise ValueError(
-                f"the Triton kernel supports codes 1MAD and MUL-BAL with V in (1, 2), got {code_id}"
-            )
-    return backend
+def _resolve_backend(backend: str, code_id: int, V: int, k: int, x: Tensor, *tensors: Tensor) -> str:
+    """:func:`~._dispatch.resolve_backend` with this kernel's limits: codes 1MAD and MUL-BAL, ``V`` in
+    ``(1, 2)`` and ``k·V <= 8`` (``x`` is the rotated fp32 activations)."""
+    choices = (("codes", _CODE_NAMES[code_id], _KERNEL_CODES), ("V", V, (1, 2)))
+    limits = (("k·V", k * V, 8),)
+    return resolve_backend(
+        "trellis_matmul", backend, (x, *tensors), dtype=x.dtype, limits=limits, choices=choices
+    )
 
 
 @torch.library.custom_op("lightning_llm::trellis_matmul", mutates_args=())

@@ -32,8 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from lightning_llm.kernels import lora_linear
-from lightning_llm.kernels._dispatch import use_triton
+from lightning_llm.kernels import lora_linear, use_triton
 
 __all__ = [
     "LoRAConfig",

@@ -33,8 +33,8 @@ decoder rows are renormalised after every optimiser step, and the gradient compo
 removed before it, so the step is taken on the sphere. Optimiser: Adam with linear warm-up and cosine decay,
 FAST's 7e-5 → 7e-6 (``lr``, ``min_lr_ratio=0.1``).
 
-The TopK encoder and its decoder run through :mod:`lightning_llm.kernels.sae`: only the :math:`k` active
-latents are decoded (``sparse_decode``, Triton on CUDA) and the encoder's backward is sparse too.
+The TopK encoder and its decoder run through the SAE ops of :mod:`lightning_llm.kernels`: only the :math:`k`
+active latents are decoded (``sparse_decode``, Triton on CUDA) and the encoder's backward is sparse too.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_llm.kernels.sae import jumprelu, sparse_decode, topk_encode
+from lightning_llm.kernels import jumprelu, sparse_decode, topk_encode
 from lightning_llm.metrics.sae import DeltaLoss, ExplainedVariance, MeanL0, SequenceMSE
 from lightning_llm.modules.causal_lm import warmup_cosine
 

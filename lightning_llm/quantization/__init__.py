@@ -3,9 +3,10 @@
 Proteus / QTIP-style trellis quantisation: :mod:`.hadamard` (incoherence processing), :mod:`.codes`
 (lookup-free computed codes: QTIP 1MAD / 3INST, Proteus MUL-BAL), :mod:`.trellis` (bitshift trellis,
 tail-biting Viterbi, packing), :mod:`.quantize` (whole matrices, channel compensation, RTN baseline),
-:mod:`.linear` (``TrellisLinear``, ``quantize_model``, safetensors save / load), :mod:`.distill` (few-shot
-distillation of the affine statistics), :mod:`.baselines` (bitsandbytes NF4 for comparisons) and
-:mod:`.study` (the 2-bit perplexity study of tutorial 19, its behaviour test and ``benchmarks/quant.py``).
+:mod:`.linear` (``TrellisLinear``), :mod:`.distill` (few-shot distillation of the affine statistics),
+:mod:`.model` (``quantize_model``, safetensors save / load) and :mod:`.baselines` (bitsandbytes NF4 for
+comparisons). The decode side (the Hadamard rotation, the bit stream and the code arithmetic, the
+decode-on-the-fly matmul) lives in :mod:`lightning_llm.kernels`, which this package imports.
 """
 
 from .baselines import quantize_model_nf4
@@ -19,15 +20,9 @@ from .codes import (
     make_code,
 )
 from .distill import distill_affine
-from .hadamard import RandomHadamard, fwht, incoherence_process, incoherence_unprocess
-from .linear import (
-    TrellisLinear,
-    distill_quantized,
-    load_quantized,
-    quantize_model,
-    save_quantized,
-    set_trellis_backend,
-)
+from .hadamard import incoherence_process, incoherence_unprocess
+from .linear import TrellisLinear, set_trellis_backend
+from .model import distill_quantized, load_quantized, quantize_model, save_quantized
 from .quantize import QuantizedMatrix, decode_normalized, dequantize, quantize_matrix
 from .trellis import brute_force, decode_packed, decode_states, pack, unpack, viterbi
 
@@ -36,7 +31,6 @@ __all__ = [
     "MulBalCode",
     "OneMADCode",
     "QuantizedMatrix",
-    "RandomHadamard",
     "TableCode",
     "ThreeInstCode",
     "TrellisCode",
@@ -48,7 +42,6 @@ __all__ = [
     "dequantize",
     "distill_affine",
     "distill_quantized",
-    "fwht",
     "incoherence_process",
     "incoherence_unprocess",
     "load_quantized",

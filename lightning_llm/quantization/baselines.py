@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .linear import _set_module, _skipped
+from .linear import _set_module
+from .model import _skipped
 
 __all__ = ["quantize_model_nf4"]
 

@@ -7,7 +7,9 @@ table; the encoder's Viterbi may precompute ``c`` on all ``2^L`` states, :meth:`
 
 All arithmetic is on int64 tensors holding unsigned 32-bit values (products of a 32-bit constant and a
 32-bit value fit in 63 bits), so every code is exact, deterministic and vectorised over any state shape.
-``__call__(states)`` returns float32 values of shape ``states.shape + (V,)``.
+``__call__(states)`` returns float32 values of shape ``states.shape + (V,)``. The integer steps and values
+are the decode primitives of :mod:`lightning_llm.kernels.trellis_decode`, which the trellis matmul decodes
+with, so encoder and decoder share one definition.
 
 QTIP "1MAD" (one multiply-add; Tseng et al. 2024, "QTIP: Quantization with Trellises and Incoherence
 Processing")::
@@ -56,6 +58,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_llm.kernels.trellis_decode import (
+    THREEINST_MASK,
+    THREEINST_STD,
+    THREEINST_XOR,
+    mulbal_step,
+    mulbal_value,
+    onemad_step,
+    onemad_value,
+    threeinst_value,
+)
+
 __all__ = [
     "MULBAL_CANDIDATES",
     "MulBalCode",
@@ -65,9 +78,6 @@ __all__ = [
     "TrellisCode",
     "make_code",
 ]
-
-_M32 = (1 << 32) - 1
-_BYTE_STD = 147.8  # sqrt(4 · (256² − 1) / 12)
 
 #: Proteus MUL-BAL candidate pool: (odd multiplier, xor-shift). Multipliers are well-known odd 32-bit mixing
 #: constants (Knuth's golden-ratio multiplier, murmur3/xxhash primes, QTIP's 1MAD multiplier, an LCG one).
@@ -87,41 +97,6 @@ def _check_states(states: Tensor) -> Tensor:
     if states.dtype.is_floating_point or states.dtype == torch.bool:
         raise ValueError(f"states must be an integer tensor, got {states.dtype}")
     return states.to(torch.int64)
-
-
-def _bytes(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return x & 255, (x >> 8) & 255, (x >> 16) & 255, (x >> 24) & 255
-
-
-# The integer arithmetic of the two kernel-capable codes, as functions of the constants so that the code
-# classes below and ``trellis_matmul``'s compiled decode (constants as 0-d tensors) share one definition.
-def onemad_step(x: Tensor, a, b) -> Tensor:
-    """1MAD state update ``(a·x + b) mod 2^32`` (``a``, ``b`` ints or 0-d int64 tensors)."""
-    return (a * x + b) & _M32
-
-
-def onemad_value(x: Tensor) -> Tensor:
-    """1MAD value: the centred byte sum ``(Σ bytes − 510) / 147.8``."""
-    b0, b1, b2, b3 = _bytes(x)
-    return (b0 + b1 + b2 + b3 - 510).float() / _BYTE_STD
-
-
-def mulbal_step(x: Tensor, multiplier, shift) -> Tensor:
-    """MUL-BAL state update: ``x ← (multiplier·x) mod 2^32``, then ``x ^ (x >> shift)``."""
-    x = (multiplier * x) & _M32
-    return x ^ (x >> shift)
-
-
-def mulbal_value(x: Tensor, alpha, beta) -> Tensor:
-    """MUL-BAL value: ``α·g + β`` with ``g`` the balanced byte sum ``(b0 − b1 + b2 − b3) / 147.8``."""
-    b0, b1, b2, b3 = _bytes(x)
-    return alpha * ((b0 - b1 + b2 - b3).float() / _BYTE_STD) + beta
-
-
-def _fp16_bits(h: Tensor) -> Tensor:
-    """Reinterpret 16-bit unsigned values (in an int64 tensor) as fp16, returned as float32."""
-    h = torch.where(h >= 32768, h - 65536, h)
-    return h.to(torch.int16).view(torch.float16).float()
 
 
 @dataclass(frozen=True)
@@ -180,16 +155,15 @@ class ThreeInstCode(TrellisCode):
 
     a: int = 1664525
     b: int = 1013904223
-    mask: int = 0x8FFF8FFF
-    xor: int = 0x3B603B60
-    std: float = 1.2444
+    mask: int = THREEINST_MASK
+    xor: int = THREEINST_XOR
+    std: float = THREEINST_STD
 
     def _step(self, x: Tensor) -> Tensor:
-        return (self.a * x + self.b) & _M32
+        return onemad_step(x, self.a, self.b)
 
     def _value(self, x: Tensor) -> Tensor:
-        y = (x & self.mask) ^ self.xor
-        return (_fp16_bits(y >> 16) + _fp16_bits(y & 0xFFFF)) / self.std
+        return threeinst_value(x, self.mask, self.xor, self.std)
 
     def params(self) -> dict:
         return {"V": self.V, "a": self.a, "b": self.b, "mask": self.mask, "xor": self.xor, "std": self.std}

@@ -1,6 +1,6 @@
 r"""Few-shot distillation of a trellis-quantised model's affine statistics (Proteus, optional step).
 
-After :func:`~.linear.quantize_model` every quantised layer computes, in the incoherence-processed domain,
+After :func:`~.model.quantize_model` every quantised layer computes, in the incoherence-processed domain,
 
 .. math::  \tilde W_{ij} = \sigma_i\,(\alpha\, g(s_{ij}) + \beta), \qquad \hat W = (Q_m S_m)^\top \tilde W (Q_n S_n),
 

@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from lightning_llm.kernels.trellis_decode import pack_chunks, rtn_levels
+
 from .codes import MULBAL_CANDIDATES, MulBalCode, make_code
 from .hadamard import incoherence_process, incoherence_unprocess
-from .trellis import _pack_chunks, _unpack_chunks, decode_packed, pack, viterbi
+from .trellis import decode_packed, pack, viterbi
 
 __all__ = ["QuantizedMatrix", "decode_normalized", "dequantize", "quantize_matrix"]
 
@@ -167,7 +169,7 @@ def quantize_matrix(
     )
     if code == "rtn":
         idx, step = _rtn(Wt, bits)
-        packed = _pack_chunks(_tiles(idx, tile), bits)
+        packed = pack_chunks(_tiles(idx, tile), bits)
         return QuantizedMatrix(packed=packed, scales=step.float(), code="rtn", code_params={}, **common)
     if tile % V != 0:
         raise ValueError(f"tile={tile} must be a multiple of V={V}")
@@ -207,8 +209,7 @@ def decode_normalized(qm: QuantizedMatrix, *, affine: bool = True) -> Tensor:
     ``j − (2^bits − 1)/2``.
     """
     if qm.code == "rtn":
-        idx = _unpack_chunks(qm.packed, qm.tile, qm.bits)
-        return _untile(idx.float() - ((1 << qm.bits) - 1) / 2, qm.shape)
+        return _untile(rtn_levels(qm.packed, qm.tile, qm.bits), qm.shape)
     code = _rebuild_code(qm)
     if not affine and isinstance(code, MulBalCode):
         code = code.with_affine(1.0, 0.0)

@@ -48,7 +48,8 @@ initial state's high bits are not in the stream, so such a result cannot be :fun
 Packing: the chunks ``b_t`` are written MSB first into a bit string of ``N·kV = n·k`` bits, then 8 bits per
 uint8 (padded with zeros to a whole byte only if ``n·k`` is not a multiple of 8; for ``n = 256`` a tile is
 exactly ``32·k`` bytes). :func:`decode_packed` unpacks, rebuilds the cyclic states and applies the code: no
-table.
+table. The bit-level primitives are :mod:`lightning_llm.kernels.trellis_decode`'s, shared with the trellis
+matmul's decoder.
 
 :func:`brute_force` enumerates all sequences (tiny ``L`` and ``n``) and is the reference of the tests.
 """
@@ -59,6 +60,8 @@ import itertools
 
 import torch
 from torch import Tensor
+
+from lightning_llm.kernels.trellis_decode import pack_chunks, trellis_states
 
 __all__ = ["brute_force", "decode_packed", "decode_states", "pack", "unpack", "viterbi"]
 
@@ -233,28 +236,7 @@ def pack(states: Tensor, L: int = 16, k: int = 2, V: int = 1) -> Tensor:
         raise ValueError(f"states must be [T, N], got shape {tuple(states.shape)}")
     if not bool(_is_cyclic(states, L, kv).all()):
         raise ValueError("states are not cyclically consistent (encode with tail_biting=True or 'exact')")
-    return _pack_chunks(states & ((1 << kv) - 1), kv)
-
-
-def _pack_chunks(chunks: Tensor, width: int) -> Tensor:
-    """``[T, N]`` integers of ``width`` bits → ``[T, ceil(N·width/8)]`` uint8, MSB first."""
-    T, N = chunks.shape
-    shifts = torch.arange(width - 1, -1, -1, device=chunks.device)
-    bits = ((chunks.to(torch.int64).unsqueeze(-1) >> shifts) & 1).reshape(T, N * width)
-    pad = (-bits.shape[1]) % 8
-    if pad:
-        bits = torch.cat([bits, bits.new_zeros(T, pad)], dim=1)
-    weights = 1 << torch.arange(7, -1, -1, device=chunks.device)
-    return (bits.view(T, -1, 8) * weights).sum(-1).to(torch.uint8)
-
-
-def _unpack_chunks(packed: Tensor, N: int, width: int) -> Tensor:
-    """Inverse of :func:`_pack_chunks`: ``[T, N]`` int64."""
-    T = packed.shape[0]
-    shifts = torch.arange(7, -1, -1, device=packed.device)
-    bits = ((packed.to(torch.int64).unsqueeze(-1) >> shifts) & 1).reshape(T, -1)[:, : N * width]
-    weights = 1 << torch.arange(width - 1, -1, -1, device=packed.device)
-    return (bits.view(T, N, width) * weights).sum(-1)
+    return pack_chunks(states & ((1 << kv) - 1), kv)
 
 
 def unpack(packed: Tensor, n: int, L: int = 16, k: int = 2, V: int = 1) -> Tensor:
@@ -273,31 +255,7 @@ def unpack(packed: Tensor, n: int, L: int = 16, k: int = 2, V: int = 1) -> Tenso
         )
     if N * kv < L:
         raise ValueError(f"tile of {N} steps holds fewer than L={L} bits")
-    if (N * kv) % 8 == 0 and L <= 24:
-        return _window_states(packed, N, L, kv)
-    chunks = _unpack_chunks(packed, N, kv)
-    states = torch.zeros_like(chunks)
-    for j in range(L // kv):
-        states |= torch.roll(chunks, j, dims=1) << (j * kv)
-    return states
-
-
-def _window_states(packed: Tensor, N: int, L: int, kv: int) -> Tensor:
-    """:func:`unpack` by reading bit windows: state ``t`` is the ``L``-bit big-endian window of the (cyclic)
-    bit stream that ends with chunk ``t``, i.e. starts at bit ``kv·t − (L − kv)``.
-
-    Each window lies in 4 consecutive bytes (``L ≤ 24``, so ``L + 7 ≤ 32``): gather them as one 32-bit word,
-    shift, mask. The stream is extended at the front by its last ``P`` bytes (the cyclic wrap). Several times
-    faster than assembling states chunk by chunk; same result (tested).
-    """
-    T, B = packed.shape
-    P = (L - kv + 7) // 8
-    ext = torch.cat([packed[:, B - P :], packed, packed.new_zeros(T, 3)], dim=1).to(torch.int32)
-    start = torch.arange(N, device=packed.device) * kv - (L - kv) + 8 * P
-    byte, bit = start >> 3, start & 7
-    word = (ext[:, byte] << 24) | (ext[:, byte + 1] << 16) | (ext[:, byte + 2] << 8) | ext[:, byte + 3]
-    # int32 may be negative (bit 31 set): the arithmetic shift's sign bits fall outside the L-bit mask.
-    return ((word >> (32 - L - bit)) & ((1 << L) - 1)).to(torch.int64)
+    return trellis_states(packed, N, L, kv)
 
 
 def decode_packed(packed: Tensor, code, L: int = 16, k: int = 2, V: int = 1, n: int | None = None) -> Tensor:

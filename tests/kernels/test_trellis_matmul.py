@@ -135,9 +135,9 @@ def test_errors():
 
 def test_opcheck_fake():
     qm = _qm("proteus", (20, 36))
-    from lightning_llm.kernels.trellis_matmul import _code_constants
+    from lightning_llm.kernels.trellis_matmul import code_constants
 
-    cid, c0, c1, a, b = _code_constants(qm.code, qm.code_params)
+    cid, c0, c1, a, b = code_constants(qm.code, qm.code_params)
     args = (_x(3, 36), qm.packed, qm.scales, 20, cid, c0, c1, a, b, qm.L, qm.bits, qm.V, qm.tile, "torch", 0)
     torch.library.opcheck(
         torch.ops.lightning_llm.trellis_matmul.default, args, test_utils=("test_schema", "test_faketensor")

@@ -20,7 +20,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from lightning import seed_everything
 from torch import Tensor, nn
+
+from lightning_llm.datamodules import ChatSFTDataModule
+from lightning_llm.metrics import perplexity
+from lightning_llm.modules import CausalLMModule
+from lightning_llm.quantization import distill_quantized, quantize_model, quantize_model_nf4
+from lightning_llm.trainer import quiet_trainer
 
 __all__ = ["METHODS", "compare_quantizers", "train_arithmetic_model"]
 
@@ -41,13 +48,7 @@ def train_arithmetic_model(
     ``data`` is the fitted ``ChatSFTDataModule`` (its ``val_dataloader`` holds the ``num_val`` held-out
     conversations). The Trainer is a quiet single-process CPU one unless ``trainer_kwargs`` say otherwise.
     """
-    import lightning as L
-
-    from lightning_llm.datamodules import ChatSFTDataModule
-    from lightning_llm.modules import CausalLMModule
-    from lightning_llm.trainer import quiet_trainer
-
-    L.seed_everything(seed, verbose=False)
+    seed_everything(seed, verbose=False)
     data = ChatSFTDataModule(
         task="arithmetic",
         task_kwargs={"digits": 2, "ops": "+-*"},
@@ -63,8 +64,6 @@ def train_arithmetic_model(
 
 
 def _quantizer(method: str, L: int, calibration, distill_steps: int) -> Callable[[nn.Module], nn.Module]:
-    from . import quantize_model, quantize_model_nf4
-
     if method == "fp32":
         return lambda m: m
     if method == "nf4":
@@ -113,10 +112,6 @@ def compare_quantizers(
     to the trellis methods. ``calibration``: a batch (``input_ids``, ``attention_mask``) for
     ``"proteus+distill"``, distilled for ``distill_steps`` Adam steps.
     """
-    from lightning_llm.metrics import perplexity
-
-    from .linear import distill_quantized
-
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {METHODS}")
