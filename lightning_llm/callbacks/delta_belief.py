@@ -212,7 +212,7 @@ class DeltaBeliefReward(RLCallback):
         coef: :math:`\lambda` (0.1, the paper's value).
         probe: The probe, a template with one ``{target}``: the text before it is appended to the context and
             the target's tokens are scored (what follows ``{target}`` is not). The authors append the agent's
-            own guess of the target as its next message (METHODS.md: "Is it '{target}'?"; their exact
+            own guess of the target as its next message (docs/methods.md §18: "Is it '{target}'?"; their exact
             elicitation text unverified); the default is the guess action of
             :class:`~lightning_llm.envs.TwentyQuestionsEnvironment`, the same thing in this library's protocol
             (and the only context in which a model trained from scratch ever names an item). Prefix and target

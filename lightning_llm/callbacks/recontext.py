@@ -17,7 +17,7 @@ where it is told it may not*:
 with the advantages :math:`A` from the group of completions of :math:`x_{gen}` and the KL's reference
 log-probs :math:`\log\pi_{ref}(y_t \mid x_{gen}, y_{<t})`. There is *no importance correction across
 contexts*: the mismatch :math:`\pi_{old}(y \mid x_{train}) / \pi_{old}(y \mid x_{gen})` is deliberately left
-out of :math:`\rho` (our reading of METHODS.md §8 and the paper's description of its GRPO variant — old
+out of :math:`\rho` (our reading of docs/methods.md §8 and the paper's description of its GRPO variant — old
 log-probs, KL and advantages under :math:`x_{gen}`, loss under :math:`x_{train}`; the paper does not spell
 the ratio out, so this is (unverified) in that one detail). At the first update the ratio is therefore not 1
 but the policy's own preference between the two contexts, and clipping applies to it.

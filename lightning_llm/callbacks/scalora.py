@@ -37,7 +37,7 @@ the step about to be taken) and before gradient clipping and the AdamW update, s
 step is the paper's exact column-optimal step. The paper describes the rescale as happening between steps;
 this is the same point in time, seen from the next step's gradient.
 
-Not in METHODS.md, our choices (documented here, parameters below): ``lipschitz=None`` uses ``L = 10/η``
+Not in the paper, our choices (documented here, parameters below): ``lipschitz=None`` uses ``L = 10/η``
 with the current learning rate ``η`` (``Lη = 10``, i.e. the target is a tenth of the full-parameter SGD
 step). Since :math:`\alpha_k^2 \approx 1 / (\|a_k\|^2 L\eta)`, ``Lη`` effectively sets the column norms the
 factors are brought back to (``≈ 1/√(Lη)``), and with Adam's fixed-size steps smaller factors learn faster.

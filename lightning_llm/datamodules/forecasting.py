@@ -1,4 +1,4 @@
-"""Forecasting prompts with leakage-free retrieval (OpenForecaster, arXiv 2512.25070; METHODS.md §4).
+"""Forecasting prompts with leakage-free retrieval (OpenForecaster, arXiv 2512.25070; docs/methods.md §4).
 
 A forecasting question (question, background, resolution criteria, answer, resolution date; optionally a binary
 outcome) is shown with news articles retrieved by BM25, but only from articles dated at least ``min_gap_days``

@@ -19,7 +19,7 @@ Reward of an episode (what GRPO with ``rewards=["env"]`` optimises, the outcome-
     R = r_end + Σ_t penalty_t,   r_end = win_reward · win − turn_cost · turns,
     penalty_t = invalid_penalty (invalid turn) | repeated_penalty (repeated turn) | 0
 
-with METHODS.md §18's values ``win_reward=2``, ``turn_cost=0.05``, ``invalid_penalty=−5``,
+with docs/methods.md §18's values ``win_reward=2``, ``turn_cost=0.05``, ``invalid_penalty=−5``,
 ``repeated_penalty=−1``; ``turns`` counts every turn the environment answered, the winning guess included.
 (The authors' released code uses other defaults, win 1, invalid −1, repeated −0.05, length −0.05 per turn,
 and a +0.1 bonus for an all-valid episode; every value here is a parameter.) :meth:`turn_penalties` and

@@ -1,4 +1,4 @@
-"""Eviction-aware inference (METHODS §11): a budgeted KV cache, eviction policies, ``generate_with_budget``."""
+"""Eviction-aware inference (docs/methods.md §11): a budgeted KV cache, eviction policies, ``generate_with_budget``."""
 
 from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, FullCache, LayerStats
 from lightning_llm.eviction.generate import GenerationResult, generate_with_budget

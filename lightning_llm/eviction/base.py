@@ -1,4 +1,4 @@
-"""The eviction-policy interface and the budgeted KV cache (METHODS §11).
+"""The eviction-policy interface and the budgeted KV cache (docs/methods.md §11).
 
 A policy only *scores* cached tokens; the cache owns everything else: which tokens are protected (the first
 ``sinks`` and the most recent ``window``), how many are kept (``budget`` per layer, batch row and KV head), the

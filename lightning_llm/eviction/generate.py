@@ -80,7 +80,7 @@ def generate_with_budget(
 ) -> GenerationResult:
     """Generate ``max_new_tokens`` tokens keeping at most ``budget`` KV entries per layer, chosen by ``policy``.
 
-    ``memory``: the hook for a latent memory (METHODS §11): an object with ``on_evict(layer_idx, keys, values)``
+    ``memory``: the hook for a latent memory (docs/methods.md §11): an object with ``on_evict(layer_idx, keys, values)``
     (or such a callable), called with exactly the evicted keys/values ``[B, Hkv, n, D]`` (RoPE applied, original
     order) each time a layer evicts; ``None`` drops them. A memory with ``reset()`` is reset first, and one with
     ``attach(model)`` (a context manager, e.g. :class:`~lightning_llm.eviction.LatentMemory`) is entered around

@@ -1,4 +1,4 @@
-r"""A learned eviction indexer (METHODS §11): light per-layer scorers of past tokens, trained to match attention.
+r"""A learned eviction indexer (docs/methods.md §11): light per-layer scorers of past tokens, trained to match attention.
 
 For layer :math:`\ell` with attention input :math:`h` (the hidden state after the layer's input norm), the
 indexer has ``heads`` low-dimensional queries :math:`q_{t,j} = W^Q_j h_t \in \mathbb{R}^{d_I}`, one shared key
@@ -19,7 +19,7 @@ queries' indexer distribution (default: the newest query's), or by the mass accu
 (``d_I`` floats per token and layer, shared by the KV heads); they are counted in
 :attr:`IndexerPolicy.key_cache_bytes`.
 
-Exact forms in the paper (arXiv 2605.25475, no public code) are unverified (METHODS §11): the shared key, the
+Exact forms in the paper (arXiv 2605.25475, no public code) are unverified (docs/methods.md §11): the shared key, the
 ReLU, the token-dependent weights and the KL target are DeepSeek-V3.2's lightning-indexer reading, the
 accumulation rule is ours; ``heads``, ``dim`` and ``accumulate`` are parameters.
 """

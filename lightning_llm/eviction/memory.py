@@ -1,4 +1,4 @@
-r"""A latent memory of evicted tokens (METHODS §11): evicted keys/values folded into a linear-attention state.
+r"""A latent memory of evicted tokens (docs/methods.md §11): evicted keys/values folded into a linear-attention state.
 
 Per layer :math:`\ell` and KV head, every token the budgeted cache evicts is folded into
 
@@ -33,7 +33,7 @@ attention output :math:`o_{t,h}` (before ``o_proj``):
   ``budgeted_attention(..., gate=σ(g)·e^c, memory_mode="softmax")`` with the state repeated per query head.
 * ``mode="residual"``: :math:`o_{t,h} \mathrel{+}= g_{t,h}\, r_{t,h}` (the first form we built; on one backbone its
   gate opened where the kept keys already held the answer and lowered accuracy, see
-  ``tests/behaviour/test_kv_eviction.py``).
+  docs/methods.md §11).
 
 The gate starts nearly closed (``σ(gate_bias) ≈ 0.05``) and is what :class:`~lightning_llm.modules.IndexMemModule`
 trains (with the mass scale), by distilling the full-cache outputs. With nothing evicted there is no state and

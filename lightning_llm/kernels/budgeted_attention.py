@@ -1,6 +1,6 @@
 r"""One decode step of attention over a budgeted (evicted) KV cache, plus an optional latent-memory readout.
 
-METHODS §11 (eviction-aware inference): the KV cache keeps at most ``S`` tokens per (batch, kv head) (sinks,
+docs/methods.md §11 (eviction-aware inference): the KV cache keeps at most ``S`` tokens per (batch, kv head) (sinks,
 recent tokens and the indexer's top-scored ones), and the evicted tokens are folded into a linear-attention
 style latent state whose gated readout is added to the attention output. Shapes::
 
@@ -32,7 +32,7 @@ pass ``σ(gate logit) · e^c`` with a learned per-head scale ``c``, as
 (large ``Z``) outweighs the blurred readout; ``m = 0`` gives exactly ``attn``, ``n = 0`` with ``m > 0``
 exactly ``r``.
 
-This is our reading of the paper (arXiv 2605.25475, no public code): METHODS marks all its exact forms as
+This is our reading of the paper (arXiv 2605.25475, no public code): docs/methods.md §11 marks all its exact forms as
 unverified, in particular the feature map φ (:func:`phi`, the positive map of linear-transformer papers),
 ``ε`` (:data:`MEMORY_EPS`) and where the gate enters. Because φ is elementwise, the feature dim ``F`` equals
 the head dim ``D``. Conventions:
@@ -139,7 +139,7 @@ def budgeted_attention(
 
     ``"residual"``: ``out = attn + gate·r``; ``"softmax"``: ``out = (Z·attn + m·r)/(Z + m)`` with
     ``attn = softmax(scale·q·k_s over valid s)·v``, ``r = (φ(q) S_mem) / (φ(q)·z + ε)``, ``Z = Σ_s exp(scale·q·k_s)``,
-    ``m = gate·φ(q)·z``, ``φ = elu + 1`` and ``ε = 1e-6`` (our reading of METHODS §11; see the module docstring
+    ``m = gate·φ(q)·z``, ``φ = elu + 1`` and ``ε = 1e-6`` (our reading of docs/methods.md §11; see the module docstring
     for the equations, conventions and what the Triton kernel fuses). Inference only: no autograd.
 
     Args:

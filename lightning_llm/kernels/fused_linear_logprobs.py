@@ -103,7 +103,7 @@ def fused_linear_logprobs(
     ``H = −Σ_j p_j log p_j``, differentiable w.r.t. ``hidden`` and ``lm_head_weight`` through both outputs.
 
     With ``with_dynamics=True`` the same pass also returns the entropy-dynamics terms of arXiv 2602.03392
-    (METHODS.md §3), with ``z = logits / T``, ``p = softmax(z)`` and ``k = y`` the target (sampled) token::
+    (docs/methods.md §3), with ``z = logits / T``, ``p = softmax(z)`` and ``k = y`` the target (sampled) token::
 
         S_k = p_k (H + log p_k)        # raising z_k by ε changes H by −ε·S_k   (∂H/∂z_k = −S_k)
         N   = Σ_i p_i² (log p_i + H)   # a policy-gradient step on token k, z ← z + ηA(onehot(k) − p),
@@ -238,7 +238,7 @@ def _validate(
 
 
 def entropy_dynamics_reference(logits: Tensor) -> tuple[Tensor, Tensor]:
-    r"""Entropy-dynamics terms of arXiv 2602.03392 (METHODS.md §3) over the full vocabulary: the spec.
+    r"""Entropy-dynamics terms of arXiv 2602.03392 (docs/methods.md §3) over the full vocabulary: the spec.
 
     For ``p = softmax(z)`` over the last dimension of ``z = logits`` and ``H = −Σ_i p_i log p_i``::
 

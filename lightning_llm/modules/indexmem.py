@@ -1,4 +1,4 @@
-r"""IndexMemModule: train a learned KV-eviction indexer and a latent memory of evicted tokens (METHODS §11).
+r"""IndexMemModule: train a learned KV-eviction indexer and a latent memory of evicted tokens (docs/methods.md §11).
 
 The backbone is frozen. Per layer, a :class:`~lightning_llm.eviction.LightningIndexer` learns to predict the
 layer's attention distribution (averaged over query heads) from the layer's attention input, and a
@@ -76,7 +76,7 @@ class IndexMemModule(L.LightningModule):
         gate_bias: initial memory-gate logit.
         memory_mode: ``"softmax"`` (default: the readout as one more softmax slot weighed against the attended
             mass) or ``"residual"`` (the gated readout added; less reliable, see
-            ``tests/behaviour/test_kv_eviction.py``); see :class:`~lightning_llm.eviction.LatentMemory`.
+            docs/methods.md §11); see :class:`~lightning_llm.eviction.LatentMemory`.
         indexer_weight, memory_weight: ``λ_I``, ``λ_M``; ``memory_weight=0`` trains the indexer alone.
         lr, weight_decay, betas: AdamW over the indexers and gates.
         save_dir: if set, :meth:`save_pretrained` writes the indexers and gates there at the end of ``fit``.

@@ -1,6 +1,6 @@
 r"""Expert pruning for sparse mixture-of-experts LMs: RaGEP and three baselines.
 
-RaGEP (rank-aware geometric expert pruning, METHODS §15) has no public code; this module is *our reading* of
+RaGEP (rank-aware geometric expert pruning, docs/methods.md §15) has no public code; this module is *our reading* of
 it, with every unverified choice a parameter:
 
 **1. Budget per layer from the effective rank.** For a layer's calibration matrix :math:`X` (``rank_source``:

@@ -39,7 +39,7 @@ Proteus "MUL-BAL" (lookup-free generator with a balanced byte sum and a per-laye
     g(s) = (byte0 − byte1 + byte2 − byte3) / 147.8      balanced: mean 0 without an offset constant
     c(s) = α · g(s) + β                     α, β fitted per layer by least squares
 
-The exact Proteus specifics are unverified (our METHODS notes say so); what is implemented is the description
+The exact Proteus specifics are unverified (docs/methods.md §13 says so); what is implemented is the description
 above, with ``(a, r)`` chosen per layer from :data:`MULBAL_CANDIDATES` (8 pairs) by the proxy error of
 quantising a subsample of that layer's incoherence-processed weights (:func:`lightning_llm.quantization.
 quantize_matrix`). The alternating-sign byte sum is centred by construction (no ``−510``), and the xor-shift

@@ -15,7 +15,7 @@ full-precision model's next-token distributions on a few calibration sequences:
 over the attended positions ``T`` of the calibration batches (full-batch Adam, ``steps`` passes over them).
 ``tune`` picks the statistics: ``"affine"`` (``α, β`` per layer; Proteus only, the QTIP codes and RTN have no
 affine) and/or ``"scales"`` (``σ``, every method). The paper's exact objective and optimiser are unverified
-(METHODS.md §13); this is the plain logit-KL form.
+(docs/methods.md §13); this is the plain logit-KL form.
 
 While tuning, each :class:`~.linear.TrellisLinear` is stood in for by a dense module that rebuilds ``Ŵ`` from
 the fixed ``g`` (decoded once) and the tuned tensors; the results are written back into the quantised layers

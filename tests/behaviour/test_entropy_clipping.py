@@ -1,4 +1,4 @@
-"""Behaviour: Clip_B slows GRPO's entropy collapse on a toy task without costing reward (METHODS.md §3).
+"""Behaviour: Clip_B slows GRPO's entropy collapse on a toy task without costing reward (docs/methods.md §3).
 
 Seeded, CPU: one SFT warm-up of the tiny backbone on 1-digit sums, then 150 GRPO steps from the same weights
 and seed, without and with ``EntropyDiscriminatorClipping(mode="batch")``.

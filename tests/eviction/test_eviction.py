@@ -1,4 +1,4 @@
-"""Budgeted KV cache and eviction policies (METHODS §11) on the tiny backbone."""
+"""Budgeted KV cache and eviction policies (docs/methods.md §11) on the tiny backbone."""
 
 from __future__ import annotations
 

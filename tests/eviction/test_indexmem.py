@@ -1,4 +1,4 @@
-"""Learned indexer, latent memory and IndexMemModule (METHODS §11) on the tiny backbone."""
+"""Learned indexer, latent memory and IndexMemModule (docs/methods.md §11) on the tiny backbone."""
 
 from __future__ import annotations
 

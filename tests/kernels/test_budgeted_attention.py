@@ -220,7 +220,7 @@ def test_softmax_slot_limits(backend):
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_no_memory_or_zero_gate_is_exactly_plain_attention(backend):
-    """The readout is exactly zero without memory or with gate 0 (METHODS: zero when nothing is evicted)."""
+    """The readout is exactly zero without memory or with gate 0 (docs/methods.md §11: zero when nothing is evicted)."""
     kwargs = _inputs(2, 4, 2, 7, 16, torch.float32, memory=True, gate="batch")
     plain = {k: kwargs[k] for k in ("q", "k", "v", "lengths")}
     want = _budgeted_attention(**plain, _backend=backend, _block=4)

@@ -372,7 +372,7 @@ def test_cuda_auto_backend_uses_triton_and_saves_memory():
 
 
 # --------------------------------------------------------------------------------------------------
-# Entropy dynamics (arXiv 2602.03392, METHODS.md §3): S_k = p_k (H + log p_k), N = Σ p² (log p + H)
+# Entropy dynamics (arXiv 2602.03392, docs/methods.md §3): S_k = p_k (H + log p_k), N = Σ p² (log p + H)
 # --------------------------------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """Long-context retrieval: associative recall, needle in a haystack, multi-key needles (RULER's MK-NIAH).
 
 Tasks whose answer sits at a known place far back in the prompt, for evaluating what a model loses when its
-KV cache evicts tokens (METHODS §11). Every example records where its needle is, in characters of the prompt
+KV cache evicts tokens (docs/methods.md §11). Every example records where its needle is, in characters of the prompt
 (``needle_char_start``/``needle_char_end``) and as a fraction of the context (``needle_depth``), so accuracy can
 be bucketed by depth. The symbols are chosen for the tiny backbone's ~1k-token BPE vocabulary: keys are single
 tokens (``" k"``, ``" fire"``), values are digits (one token each), so the context length in tokens is close

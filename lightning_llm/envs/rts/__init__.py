@@ -1,4 +1,4 @@
-"""A deterministic real-time-strategy benchmark for long-horizon agents (METHODS.md §5).
+"""A deterministic real-time-strategy benchmark for long-horizon agents (docs/methods.md §5).
 
 Agents do not micro-manage: every ``Rules.decision_interval`` ticks they issue a budgeted handful of typed
 macro/tactical intents (:mod:`~lightning_llm.envs.rts.intents`), which a deterministic executor carries out

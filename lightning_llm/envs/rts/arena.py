@@ -1,6 +1,6 @@
 r"""Round-robin arena with Elo and Bradley–Terry ratings and bootstrap confidence intervals.
 
-**Elo** (METHODS.md §5): after a game between A and B with score :math:`S_A \in \{1, ½, 0\}`,
+**Elo** (docs/methods.md §5): after a game between A and B with score :math:`S_A \in \{1, ½, 0\}`,
 
 .. math::  R_A' = R_A + K\,(S_A - E_A), \qquad E_A = \frac{1}{1 + 10^{(R_B - R_A)/400}}.
 

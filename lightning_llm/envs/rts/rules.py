@@ -1,7 +1,7 @@
 """The rules of the RTS game as data: unit and building stats, the counter table, economy, victory, budgets.
 
 Every number the simulation uses lives in :class:`Rules`, so a rule shift (the benchmark's robustness axis,
-METHODS.md §5) is a new ``Rules`` value, never a code change. :data:`PRESETS` names the perturbations the
+docs/methods.md §5) is a new ``Rules`` value, never a code change. :data:`PRESETS` names the perturbations the
 benchmark ships; :func:`rules_preset` builds one. ``Rules`` is a frozen dataclass of plain values: it goes into
 every replay file as JSON and comes back out identical (:meth:`Rules.to_dict` / :meth:`Rules.from_dict`).
 

@@ -1,4 +1,4 @@
-r"""DualGraph memory for deep research (microsoft/DKI_LLM; METHODS.md §17).
+r"""DualGraph memory for deep research (microsoft/DKI_LLM; docs/methods.md §17).
 
 A research agent keeps two graphs and lets their *structure* decide what to search next:
 

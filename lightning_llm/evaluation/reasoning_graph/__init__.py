@@ -1,4 +1,4 @@
-"""Reasoning graphs of logic-puzzle traces and their flow efficiency η (arXiv 2606.03883; METHODS.md).
+"""Reasoning graphs of logic-puzzle traces and their flow efficiency η (arXiv 2606.03883; docs/methods.md §9).
 
 A reasoning trace is turned into a DAG of *atomic claims* about the grid, each verified against the puzzle, and
 the shape of that DAG is scored: a focused deduction spends every claim on the way to the answer, a meandering
