@@ -15,8 +15,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from lightning_llm.text import extract_answer, length_score, normalize_answer, parse_forecast, word_count
+
 if TYPE_CHECKING:
-    from lightning_llm.datamodules.tasks import Example
+    from lightning_llm.types import Example
 
 __all__ = [
     "RewardFn",
@@ -74,37 +76,6 @@ def answer_format_reward(completions: Sequence[str], examples: Sequence[Example]
     return [1.0 if len(_ANSWER.findall(c)) == 1 and c.count("<answer>") == 1 else 0.0 for c in completions]
 
 
-_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
-_TAG = re.compile(r"</?[A-Za-z_][\w-]*>")
-
-
-def word_count(text: str) -> int:
-    """Words of a response as LARFT counts them: whitespace-separated, after removing ``<think>…</think>``.
-
-    Reasoning does not count towards the length (an unclosed ``<think>`` runs to the end of the text), and
-    markup tags such as ``<answer>`` are separators, not words.
-    """
-    visible = _TAG.sub(" ", _THINK_BLOCK.sub(" ", text))
-    return len(visible.split())
-
-
-def length_score(text: str, target: int) -> float:
-    r"""LARFT's length reward (arXiv 2603.19255) for one response: :math:`R = \max(0,\ 1 - |L - c| / c)`.
-
-    ``L`` is :func:`word_count` and ``c`` the requested number of words. ``c = 0`` (an empty answer requested)
-    has no relative error: 1.0 for an empty response, 0.0 otherwise.
-
-    Raises:
-        ValueError: for a negative target.
-    """
-    if target < 0:
-        raise ValueError(f"target word count must be >= 0, got {target}")
-    words = word_count(text)
-    if target == 0:
-        return 1.0 if words == 0 else 0.0
-    return max(0.0, 1.0 - abs(words - target) / target)
-
-
 @register_reward("length")
 def length_reward(completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
     """:func:`length_score` of each completion against ``example.metadata["target_words"]`` (the ``length`` task)."""
@@ -119,8 +90,6 @@ def length_reward(completions: Sequence[str], examples: Sequence[Example]) -> li
 
 
 def _is_shortcut(completion: str, example: Example) -> bool:
-    from lightning_llm.datamodules.tasks import extract_answer  # late: the tasks import this module
-
     if "shortcut" not in example.metadata:
         raise ValueError("gameable/hack rewards need example.metadata['shortcut'] (use the 'gameable' task)")
     content = extract_answer(completion)
@@ -159,34 +128,6 @@ def gameable_reward(completions: Sequence[str], examples: Sequence[Example]) -> 
 
 # ------------------------------------------------------------------------------------------- forecasting
 
-# OpenForecaster's output format: ``<answer>…</answer><probability>q</probability>`` (whitespace allowed between
-# and inside the tags; q a plain decimal, no percent sign, no exponent).
-_FORECAST = re.compile(
-    r"<answer>([^<>]*)</answer>\s*<probability>\s*(\d+(?:\.\d*)?|\.\d+)\s*</probability>", re.DOTALL
-)
-
-
-def parse_forecast(text: str) -> tuple[str, float] | None:
-    """``(answer, q)`` from the last ``<answer>…</answer><probability>q</probability>`` of ``text``, else None.
-
-    Strict, and never raises: the answer is the stripped, non-empty, tag-free content of the last ``<answer>``
-    tag, which must be immediately followed (whitespace aside) by a ``<probability>`` holding a plain decimal
-    in ``[0, 1]``. A later ``<answer>`` without its probability makes the whole text unparsable (the model's
-    final answer has no confidence), as do ``q > 1``, ``70%`` and ``1e-1``.
-    """
-    if not isinstance(text, str):
-        return None
-    matches = list(_FORECAST.finditer(text))
-    if not matches:
-        return None
-    last = matches[-1]
-    if text.rfind("<answer>") != last.start():
-        return None
-    answer, q = last.group(1).strip(), float(last.group(2))
-    if not answer or not 0.0 <= q <= 1.0:
-        return None
-    return answer, q
-
 
 def forecasting_score(
     completion: str,
@@ -214,8 +155,6 @@ def forecasting_score(
 
     Unparsable output (and a binary answer other than yes/no) scores :math:`-1`, below every forecast.
     """
-    from lightning_llm.envs.search import normalize_answer  # deferred: envs import the tasks, which import us
-
     parsed = parse_forecast(completion)
     if parsed is None:
         return -1.0

@@ -24,8 +24,8 @@ from lightning_llm.backbones import eval_mode
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from lightning_llm.datamodules.tasks import Example
     from lightning_llm.envs import Environment
+    from lightning_llm.types import Example
 
 __all__ = ["HFEngine", "Rollout", "RolloutEngine", "Sampling", "left_pad", "run_episodes"]
 

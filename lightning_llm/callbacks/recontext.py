@@ -50,7 +50,7 @@ from lightning_llm.rollout import HFEngine, Rollout, RolloutEngine, Sampling, le
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from lightning_llm.datamodules.tasks import Example
+    from lightning_llm.types import Example
 
 __all__ = [
     "PromptSpec",

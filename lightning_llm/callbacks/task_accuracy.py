@@ -11,7 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 if TYPE_CHECKING:
-    from lightning_llm.datamodules.tasks import Example, Task
+    from lightning_llm.datamodules.tasks import Task
+    from lightning_llm.types import Example
 
 __all__ = ["TaskAccuracy", "score_completions"]
 

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_llm.datamodules.sources import IGNORE_INDEX, ExampleDataModule, _pad
-from lightning_llm.datamodules.tasks import Example
+from lightning_llm.types import Example
 
 __all__ = ["IGNORE_INDEX", "ChatSFTDataModule"]
 

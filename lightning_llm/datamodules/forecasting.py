@@ -23,9 +23,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_llm.datamodules.prompt import PromptDataModule
 from lightning_llm.datamodules.sources import DataSourceError, _read, read_text_records, render_prompt
-from lightning_llm.datamodules.tasks import Example
 from lightning_llm.datamodules.tasks.forecasting import NewsDoc, format_question
-from lightning_llm.envs.search import BM25Retriever, normalize_answer
+from lightning_llm.envs.search import BM25Retriever
+from lightning_llm.text import normalize_answer
+from lightning_llm.types import Example
 
 __all__ = [
     "QUESTION_FIELDS",

@@ -15,8 +15,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_llm.datamodules.sources import IGNORE_INDEX, DataSourceError, ExampleDataModule, _pad
-from lightning_llm.datamodules.tasks import Example
 from lightning_llm.datamodules.tasks.honeypot import HoneypotTask
+from lightning_llm.types import Example
 
 __all__ = ["HoneypotPreferenceDataModule", "PreferenceDataModule", "PreferencePair", "honeypot_pairs"]
 

@@ -20,8 +20,10 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_llm.datamodules.tasks import Example, Task, get_task, split_train_val
+from lightning_llm.datamodules.tasks import Task, get_task, split_train_val
 from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
+from lightning_llm.text import DataSourceError, read_jsonl, read_text_records
+from lightning_llm.types import Example
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -33,10 +35,6 @@ _MESSAGES = "messages"
 #: Label of positions that are not trained on (PyTorch's and Hugging Face's cross-entropy default).
 IGNORE_INDEX = -100
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
-
-
-class DataSourceError(ValueError):
-    """Bad input data; the message names the source, the record (line for JSONL) and the column."""
 
 
 def load_records(
@@ -79,7 +77,7 @@ def _read(source: str, split: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
     if suffix in _LOCAL_SUFFIXES and not path.is_file():
         raise FileNotFoundError(f"{source}: no such file")
     if suffix == ".jsonl":
-        yield from _read_jsonl(path)
+        yield from read_jsonl(path)
     elif suffix == ".json":
         yield from _read_json(path)
     elif suffix == ".parquet":
@@ -98,54 +96,6 @@ def _read(source: str, split: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
             dataset = datasets.load_dataset(source, split=split)
         for index, record in enumerate(dataset):
             yield f"{source} (split {split!r}), index {index}", record
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataSourceError(
-                    f"{where}: malformed JSON ({error.msg} at column {error.colno})"
-                ) from None
-            if not isinstance(record, dict):
-                raise DataSourceError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            yield where, record
-
-
-def read_text_records(
-    path: str | Path, columns: Sequence[str], schema: str
-) -> Iterator[tuple[str, Mapping[str, Any], list[str]]]:
-    """Non-empty JSONL records of a corpus file whose ``columns`` are all strings: ``(where, record, values)``.
-
-    The one validation every corpus loader shares (search documents, dated news): a missing file is a
-    ``FileNotFoundError``; a missing or non-string column a :class:`DataSourceError` naming the file, line and
-    column, with ``schema`` (e.g. ``"{'title': str, 'text': str}"``) saying what a line should be; a file with no
-    record at all a :class:`DataSourceError` too.
-    """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such corpus file")
-    empty = True
-    for where, record in _read_jsonl(path):
-        values = []
-        for column in columns:
-            value = record.get(column)
-            if not isinstance(value, str):
-                problem = "missing column" if column not in record else f"{type(value).__name__} in column"
-                raise DataSourceError(
-                    f"{where}: {problem} {column!r} (a corpus line is {schema}); the record has columns "
-                    f"{sorted(record)}"
-                )
-            values.append(value)
-        empty = False
-        yield where, record, values
-    if empty:
-        raise DataSourceError(f"{path}: no documents (empty corpus file)")
 
 
 def _read_json(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:

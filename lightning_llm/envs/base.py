@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # only a type: environments must not import the DataModules (which import tasks → envs)
-    from lightning_llm.datamodules.tasks import Example
+if TYPE_CHECKING:
+    from lightning_llm.types import Example
 
 __all__ = ["EnvReply", "Environment", "Episode", "cut_at_stop", "run_episode"]
 

@@ -19,17 +19,18 @@ Search-R1 uses an E5 dense retriever over Wikipedia; here the retriever is BM25 
 from __future__ import annotations
 
 import re
-import string
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lightning_llm.envs.base import Environment, EnvReply, cut_at_stop
+from lightning_llm.text import exact_match, normalize_answer, read_text_records
+from lightning_llm.types import Doc
 
-if TYPE_CHECKING:  # only types: this module is imported by the tasks package, so it must not import it back
-    from lightning_llm.datamodules.tasks import Example, Task
+if TYPE_CHECKING:
+    from lightning_llm.types import Example
 
 __all__ = [
     "INVALID_ACTION",
@@ -57,15 +58,6 @@ _NO_RESULTS = "No results."
 _PROTOCOL_TAG_RE = re.compile(r"</?(?:think|search|answer|information)>")
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INFORMATION_RE = re.compile(r"<information>.*?</information>", re.DOTALL)
-_PUNCTUATION = frozenset(string.punctuation)
-
-
-@dataclass(frozen=True)
-class Doc:
-    """One retrievable document: ``title`` (shown, and searched) and ``text``."""
-
-    title: str
-    text: str
 
 
 class Retriever(ABC):
@@ -115,30 +107,11 @@ def load_corpus(path: str | Path) -> list[Doc]:
     """Documents from a JSONL file with one ``{"title": str, "text": str}`` object per line (blank lines and
     other keys ignored). Raises :class:`~lightning_llm.datamodules.DataSourceError` naming the file, line and
     column of the first bad record."""
-    # Deferred: the DataModules import the tasks package, which imports this module.
-    from lightning_llm.datamodules.sources import read_text_records
-
     schema = "{'title': str, 'text': str}"
     return [Doc(*values) for _, _, values in read_text_records(path, ("title", "text"), schema)]
 
 
 # --------------------------------------------------------------------------------------------- answers
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD's answer normalisation (as in Search-R1's EM): lower-case, drop punctuation, drop the articles
-    a/an/the, collapse whitespace."""
-    text = "".join(char for char in text.lower() if char not in _PUNCTUATION)
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def exact_match(prediction: str | None, golds: Iterable[str]) -> float:
-    """1.0 if ``prediction`` equals one of ``golds`` after :func:`normalize_answer`, else 0.0 (None → 0.0)."""
-    if prediction is None:
-        return 0.0
-    normalized = normalize_answer(prediction)
-    return float(any(normalized == normalize_answer(gold) for gold in golds))
 
 
 def final_answer(completion: str) -> str | None:
@@ -198,16 +171,14 @@ class SearchState:
 class SearchEnvironment(Environment):
     """Search-R1's environment: retrieve with ``<search>``, finish with ``<answer>``, reward = exact match.
 
-    The corpus is one of: a JSONL path (see :func:`load_corpus`), a list of :class:`Doc`, a :class:`Retriever`
-    (anything searchable, e.g. a dense index), or the knowledge base of a synthetic task (``task``; its
-    examples then must come from the same knowledge base, which :meth:`reset` checks).
+    The corpus is one of: a JSONL path (see :func:`load_corpus`), a list of :class:`Doc`, or a
+    :class:`Retriever` (anything searchable, e.g. a dense index). A synthetic task with a knowledge base builds
+    its own environment (``MultiHopQATask.make_env``; ``GRPOModule(env="task")`` asks the DataModule's task).
 
     Args:
-        corpus: JSONL path, documents or retriever; exclusive with ``task``.
-        task: A task with a knowledge base (a ``documents()`` method, like ``"multihop_qa"``), by registered
-            name (built with ``task_kwargs``, as the DataModules do) or as an instance.
-        task_kwargs: The task's parameters when ``task`` is a name; use the DataModule's, so that its
-            questions are about this knowledge base.
+        corpus: JSONL path, documents or retriever.
+        corpus_id: Identifies the knowledge base; examples whose ``metadata["corpus_id"]`` names another one
+            are refused (None: not checked).
         top_k: Documents per search (Search-R1: 3).
         max_turns: Most model turns per episode; the turn that reaches it ends the episode without an
             observation. A 2-hop question answered by the book takes 3 turns (search, search, answer).
@@ -222,18 +193,13 @@ class SearchEnvironment(Environment):
 
     def __init__(
         self,
-        corpus: str | Path | Sequence[Doc] | Retriever | None = None,
+        corpus: str | Path | Sequence[Doc] | Retriever,
         *,
-        task: str | Task | None = None,
-        task_kwargs: Mapping[str, Any] | None = None,
+        corpus_id: str | None = None,
         top_k: int = 3,
         max_turns: int = 4,
         max_observation_chars: int = 2000,
     ) -> None:
-        if (corpus is None) == (task is None):
-            raise ValueError("SearchEnvironment needs exactly one of `corpus` and `task`")
-        if task_kwargs and not isinstance(task, str):
-            raise ValueError("`task_kwargs` only applies when `task` is a registered task name")
         for name, value, low in (
             ("top_k", top_k, 1),
             ("max_turns", max_turns, 1),
@@ -244,18 +210,8 @@ class SearchEnvironment(Environment):
         self.top_k = top_k
         self.max_turns = max_turns
         self.max_observation_chars = max_observation_chars
-        #: Identifies a task's knowledge base; examples carrying another ``corpus_id`` are refused.
-        self.corpus_id: str | None = None
-        if task is not None:
-            if isinstance(task, str):
-                from lightning_llm.datamodules.tasks import get_task  # deferred: tasks import this module
-
-                task = get_task(task, **(task_kwargs or {}))
-            documents = getattr(task, "documents", None)
-            if not callable(documents):
-                raise ValueError(f"task {task!r} has no knowledge base to search (no `documents()` method)")
-            corpus = documents()
-            self.corpus_id = getattr(task, "corpus_id", None)
+        #: Identifies the knowledge base; examples carrying another ``corpus_id`` are refused.
+        self.corpus_id = corpus_id
         if isinstance(corpus, Retriever):
             self.retriever = corpus
         elif isinstance(corpus, str | Path):
@@ -268,7 +224,7 @@ class SearchEnvironment(Environment):
         if theirs is not None and self.corpus_id is not None and theirs != self.corpus_id:
             raise ValueError(
                 f"example is about knowledge base {theirs!r} but this environment searches {self.corpus_id!r}: "
-                "build the environment with the same task parameters as the data"
+                "build the environment from the data's task (task.make_env())"
             )
         return SearchState()
 

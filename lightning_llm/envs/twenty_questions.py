@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 
 from lightning_llm.envs.base import Environment, EnvReply, cut_at_stop
 
-if TYPE_CHECKING:  # only a type: this module is imported by the tasks package
-    from lightning_llm.datamodules.tasks import Example
+if TYPE_CHECKING:
+    from lightning_llm.types import Example
 
 __all__ = ["ATTRIBUTES", "ITEMS", "TwentyQuestionsEnvironment", "TwentyQuestionsState", "parse_question"]
 

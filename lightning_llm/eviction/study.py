@@ -29,10 +29,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_llm.datamodules.sources import render_prompt
-from lightning_llm.datamodules.tasks import Example, Task
+from lightning_llm.datamodules.tasks import Task
 from lightning_llm.eviction.base import EvictionPolicy, FullCache
 from lightning_llm.eviction.generate import generate_with_budget
 from lightning_llm.trainer import quiet_trainer
+from lightning_llm.types import Example
 
 __all__ = ["BudgetResult", "accuracy_under_budget", "train_retrieval_backbone"]
 

@@ -17,9 +17,8 @@ from torch import Tensor
 from torchmetrics import MeanMetric, MeanSquaredError, MetricCollection
 from torchmetrics.classification import BinaryCalibrationError
 
-from lightning_llm.datamodules.tasks import Example
-from lightning_llm.envs.search import normalize_answer
-from lightning_llm.rewards import parse_forecast
+from lightning_llm.text import normalize_answer, parse_forecast
+from lightning_llm.types import Example
 
 __all__ = ["ForecastingMetrics", "forecast_outcomes", "reliability_bins"]
 

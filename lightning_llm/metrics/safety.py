@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from lightning_llm.datamodules.tasks import Example
 from lightning_llm.datamodules.tasks.honeypot import REFUSAL_MARKERS, HoneypotTask
+from lightning_llm.types import Example
 
 __all__ = [
     "KeywordJudge",

@@ -103,7 +103,9 @@ class GRPOModule(L.LightningModule):
         warmup_ratio: linear warm-up fraction of the total updates, then cosine decay to ``min_lr_ratio``.
         min_lr_ratio: cosine floor.
         max_grad_norm: gradient clipping norm (``0`` disables clipping; the norm is logged either way).
-        env: a multi-turn :class:`~lightning_llm.envs.Environment` (e.g. ``SearchEnvironment``); ``None`` for
+        env: a multi-turn :class:`~lightning_llm.envs.Environment` (e.g. ``SearchEnvironment``); ``"task"``: the
+            environment the DataModule's task builds (``task.make_env(**env_kwargs)``, e.g. a search over the
+            ``multihop_qa`` knowledge base the questions are about); ``None`` for
             single-turn generation.
         logprob_chunk_size: tokens per chunk of the fused log-prob kernel.
         eval_max_new_tokens: generation budget of greedy validation rollouts.
@@ -137,7 +139,8 @@ class GRPOModule(L.LightningModule):
         warmup_ratio: float = 0.0,
         min_lr_ratio: float = 1.0,
         max_grad_norm: float = 1.0,
-        env: Environment | None = None,
+        env: Environment | Literal["task"] | None = None,
+        env_kwargs: dict[str, Any] | None = None,
         logprob_chunk_size: int | None = None,
         eval_max_new_tokens: int | None = None,
         dtype: str | None = None,
@@ -159,9 +162,12 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"need 0 < epsilon < 1 and epsilon_high > 0, got {epsilon}, {epsilon_high}")
         if "env" in rewards and env is None:
             raise ValueError("reward 'env' needs an environment (env=...)")
+        if env_kwargs and env != "task":
+            raise ValueError("env_kwargs only apply to env='task' (an Environment instance carries its own settings)")
         if beta < 0 or lr <= 0 or max_grad_norm < 0 or entropy_coef < 0:
             raise ValueError("beta, entropy_coef and max_grad_norm must be >= 0 and lr > 0")
         self.save_hyperparameters(ignore=["env", "rewards", "lora"])
+        self.hparams["env"] = env if isinstance(env, str) else None
         self.automatic_optimization = False  # several updates per rollout batch
         self.reward_specs = rewards
         self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(rewards)
@@ -176,6 +182,18 @@ class GRPOModule(L.LightningModule):
         self.hparams["lora"] = apply_lora_config(self.model, lora)
         self.engine: RolloutEngine = HFEngine(self.model)
         self._reward_fns: list[tuple[str, Any]] | None = None
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.env == "task":
+            task = getattr(self.trainer.datamodule, "task", None)
+            make_env = getattr(task, "make_env", None)
+            if not callable(make_env):
+                raise ValueError(
+                    f"env='task' needs a DataModule whose task builds an environment (task.make_env()); "
+                    f"{type(task).__name__ if task is not None else 'no synthetic task'} does not"
+                )
+            self.env = make_env(**(self.hparams.env_kwargs or {}))
 
     # ----------------------------------------------------------------------------------------- rewards
 

@@ -18,7 +18,7 @@ def task(request) -> MultiHopQATask:
 
 @pytest.fixture(scope="module")
 def env(task) -> SearchEnvironment:
-    return SearchEnvironment(task="multihop_qa", task_kwargs={"hops": task.hops})
+    return get_task("multihop_qa", hops=task.hops).make_env()
 
 
 def _turns(example: Example) -> list[str]:
@@ -64,7 +64,7 @@ def test_reference_completions_score_one_and_replay_through_the_environment(task
 def test_reference_completions_replay_in_the_smallest_and_largest_worlds(num_entities, seed):
     for hops in (1, 2):
         task = MultiHopQATask(num_entities=num_entities, hops=hops, seed=seed)
-        _check_reference_completions(task, SearchEnvironment(task=task), task.generate(300, seed=0))
+        _check_reference_completions(task, task.make_env(), task.generate(300, seed=0))
 
 
 def _check_reference_completions(
@@ -97,7 +97,7 @@ def test_wrong_or_missing_answers_score_zero(task):
 
 
 def test_first_hop_retrieval_finds_the_needed_document_from_the_question(task):
-    env = SearchEnvironment(task=task)
+    env = task.make_env()
     examples = task.generate(300, seed=1)
     hits = sum(
         example.metadata["titles"][0] in [doc.title for doc in env.retriever.search(example.prompt, 3)]
@@ -115,7 +115,7 @@ def test_two_hop_questions_need_two_different_documents():
 
 def test_environment_refuses_examples_of_another_world(task):
     example = task.generate(1, seed=0)[0]
-    other = SearchEnvironment(task=MultiHopQATask(seed=task.seed + 1))
+    other = MultiHopQATask(seed=task.seed + 1).make_env()
     with pytest.raises(ValueError, match="knowledge base"):
         other.reset(example)
 

@@ -4,7 +4,6 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_llm.datamodules import Example, PromptDataModule, get_task
-from lightning_llm.envs import SearchEnvironment
 from lightning_llm.modules._lm import position_ids_from_mask
 from lightning_llm.modules.grpo import GRPOModule, group_advantages
 from lightning_llm.rollout import Rollout, Sampling, run_episodes
@@ -118,7 +117,7 @@ class _ScriptedEngine:
 
 def test_multi_turn_episode_masks_observations(tiny_tokenizer):
     task = get_task("multihop_qa", num_entities=20, hops=1)
-    env = SearchEnvironment(task=task, max_turns=3)
+    env = task.make_env(max_turns=3)
     example = task.generate(1, seed=0)[0]
     turns = [
         f"<search>{example.metadata['titles'][0]}</search>",

@@ -10,11 +10,11 @@ Register a new task with :func:`register_task`; the DataModules look tasks up by
 from __future__ import annotations
 
 import hashlib
-import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
+
+from lightning_llm.text import extract_answer
+from lightning_llm.types import Example
 
 __all__ = [
     "Example",
@@ -25,29 +25,6 @@ __all__ = [
     "register_task",
     "split_train_val",
 ]
-
-
-@dataclass(frozen=True)
-class Example:
-    """One data point, shared by SFT (prompt → completion) and RL (prompt, verified against ``answer``).
-
-    Attributes:
-        prompt: The user message.
-        completion: The reference assistant response, the SFT target.
-        answer: The exact answer a verifier checks (empty when the source has none).
-        metadata: Anything else a reward function may need (task parameters, source columns).
-    """
-
-    prompt: str
-    completion: str
-    answer: str
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-    def to(self, *args: Any, **kwargs: Any) -> Example:
-        """Return ``self``: examples ride along in batches, and Lightning moves a batch to the device by calling
-        ``.to`` on whatever has one, but rebuilds other dataclasses field by field, which fails on a frozen one
-        (and would copy it). With this the same objects reach ``training_step``."""
-        return self
 
 
 class Task(ABC):
@@ -96,18 +73,6 @@ def get_task(name: str, **kwargs: Any) -> Task:
     except KeyError:
         raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(available_tasks())}") from None
     return cls(**kwargs)
-
-
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-def extract_answer(text: str) -> str | None:
-    """The content of the *last* ``<answer>…</answer>`` in ``text`` (None if there is none).
-
-    The last tag counts because a model may draft answers while reasoning; only its final one is its answer.
-    """
-    matches = _ANSWER_RE.findall(text)
-    return matches[-1] if matches else None
 
 
 def split_train_val(

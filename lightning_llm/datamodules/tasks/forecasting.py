@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 from lightning_llm.datamodules.tasks import Example, Task, register_task
 from lightning_llm.datamodules.tasks.multihop_qa import unique_names
-from lightning_llm.envs.search import Doc, normalize_answer
+from lightning_llm.text import normalize_answer, parse_forecast
+from lightning_llm.types import Doc
 
 __all__ = ["FORECAST_INSTRUCTION", "ForecastingTask", "NewsDoc", "format_question"]
 
@@ -178,7 +179,6 @@ class ForecastingTask(Task):
         return [rng.choice(self._world.examples) for _ in range(n)]
 
     def score(self, completion: str, example: Example) -> float:
-        from lightning_llm.rewards import parse_forecast  # deferred: the rewards import nothing of ours
 
         parsed = parse_forecast(completion)
         return float(parsed is not None and normalize_answer(parsed[0]) == normalize_answer(example.answer))

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from lightning_llm.datamodules.tasks import Example, Task, register_task
-from lightning_llm.rewards import length_score, word_count
+from lightning_llm.text import length_score, word_count
 
 #: User message of the word-counting task, and the default of LARFT's hindsight task
 #: (:class:`~lightning_llm.callbacks.HindsightLengthAwareness`); ``{response}`` is replaced by the text. The paper's

@@ -11,10 +11,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from lightning_llm.datamodules.tasks import Example, Task, register_task
-from lightning_llm.envs.search import Doc, SearchEnvironment, exact_match, final_answer
+from lightning_llm.envs.search import SearchEnvironment, final_answer
+from lightning_llm.text import exact_match
+from lightning_llm.types import Doc
 
 #: Search-R1's instruction (``make_prefix`` of its data scripts, typos included); ``instruction=True`` uses it.
 SEARCH_R1_INSTRUCTION = (
@@ -156,6 +158,11 @@ class MultiHopQATask(Task):
     def score(self, completion: str, example: Example) -> float:
         return exact_match(final_answer(completion), [example.answer])
 
+    def make_env(self, **kwargs: Any) -> SearchEnvironment:
+        """A :class:`~lightning_llm.envs.SearchEnvironment` over this task's knowledge base (``kwargs``: its
+        ``top_k``, ``max_turns``...); it refuses examples from another knowledge base (``corpus_id``)."""
+        return SearchEnvironment(self.documents(), corpus_id=self.corpus_id, **kwargs)
+
     # --------------------------------------------------------------------------------------- internals
 
     @cached_property
@@ -164,7 +171,7 @@ class MultiHopQATask(Task):
 
     @cached_property
     def _env(self) -> SearchEnvironment:
-        return SearchEnvironment(task=self)
+        return self.make_env()
 
     @cached_property
     def _examples(self) -> dict[tuple[tuple[str, ...], str], Example]:

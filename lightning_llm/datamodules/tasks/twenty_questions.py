@@ -11,6 +11,7 @@ import random
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from lightning_llm.datamodules.tasks import Example, Task, register_task
 from lightning_llm.envs.twenty_questions import ITEMS, TwentyQuestionsEnvironment, parse_question
@@ -89,7 +90,12 @@ class TwentyQuestionsTask(Task):
     @cached_property
     def env(self) -> TwentyQuestionsEnvironment:
         """The environment the reference completions are played in (default rewards)."""
-        return TwentyQuestionsEnvironment(num_items=self.num_items, max_turns=self.max_turns)
+        return self.make_env()
+
+    def make_env(self, **kwargs: Any) -> TwentyQuestionsEnvironment:
+        """A :class:`~lightning_llm.envs.TwentyQuestionsEnvironment` on this task's items and turn budget
+        (``kwargs``: its reward settings)."""
+        return TwentyQuestionsEnvironment(num_items=self.num_items, max_turns=self.max_turns, **kwargs)
 
     def generate(self, n: int, seed: int) -> list[Example]:
         rng = random.Random(seed)
