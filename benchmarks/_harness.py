@@ -18,6 +18,7 @@ the rest:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import hashlib
@@ -36,8 +37,10 @@ from typing import Any, Literal
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCHEMA = 2
 MAX_RESULT_BYTES = 64 * 1024  # results hold summaries, not every step
-PAIRED_MIN = 5  # paired ratios all on one side of 1 count only from 5 pairs (2/32 by chance with no difference)
-ROW_KEYS = ("benchmark", "metric", "ours", "peer", "better", "ours_value", "peer_value", "ratio", "paired_ratio")
+# paired ratios all on one side of 1 count only from 5 pairs (2/32 by chance with no difference)
+PAIRED_MIN = 5
+ROW_KEYS = ("benchmark", "metric", "ours", "peer", "better", "ours_value", "peer_value")
+ROW_KEYS += ("ratio", "paired_ratio")
 STAT_KEYS = ("median", "min", "max", "q1", "q3", "n", "values", "exact")
 _MIB = 2**20
 
@@ -56,16 +59,8 @@ def stat(values: Iterable[float], exact: bool = False) -> dict[str, Any]:
     if not vals:
         raise ValueError("no values to summarise")
     q1, _, q3 = statistics.quantiles(vals, n=4, method="inclusive") if len(vals) > 1 else vals * 3
-    return {
-        "median": statistics.median(vals),
-        "min": min(vals),
-        "max": max(vals),
-        "q1": q1,
-        "q3": q3,
-        "n": len(vals),
-        "values": vals,
-        "exact": exact,
-    }
+    summary = (statistics.median(vals), min(vals), max(vals), q1, q3, len(vals), vals, exact)
+    return dict(zip(STAT_KEYS, summary, strict=True))
 
 
 def _ratio(a: float, b: float) -> float:
@@ -92,19 +87,11 @@ def row(
         raise ValueError(f"better must be 'lower' or 'higher', got {better!r}")
     o, p = stat(ours_values), stat(peer_values, exact=peer_exact)
     pairs = paired and o["n"] == p["n"] > 1
-    return {
-        "benchmark": benchmark,
-        "metric": metric,
-        "ours": ours,
-        "peer": peer,
-        "better": better,
-        "ours_value": o,
-        "peer_value": p,
-        "ratio": _ratio(o["median"], p["median"]),
-        "paired_ratio": stat(_ratio(a, b) for a, b in zip(ours_values, peer_values, strict=True))
-        if pairs
-        else None,
-    }
+    paired_ratio = (
+        stat(_ratio(a, b) for a, b in zip(ours_values, peer_values, strict=True)) if pairs else None
+    )
+    values = (benchmark, metric, ours, peer, better, o, p, _ratio(o["median"], p["median"]), paired_ratio)
+    return dict(zip(ROW_KEYS, values, strict=True))
 
 
 def verdict(r: dict[str, Any]) -> Literal["win", "loss", "tie", "single"]:
@@ -278,6 +265,9 @@ def parser(doc: str, *, reps: int = 5, warmup: int = 1, sides: Sequence[str] = (
     p.add_argument("--warmup", type=int, default=warmup, help="untimed steps or calls before the timed ones")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--no-write", action="store_true", help="print the result instead of writing the JSON")
+    p.add_argument(
+        "--tag", default="", help="write results/<name>-<tag>.json (e.g. another model) beside the default"
+    )
     if sides:
         p.add_argument("--worker", choices=list(sides), help=argparse.SUPPRESS)
     return p
@@ -308,13 +298,9 @@ def spawn(
     script: str, side: str, argv: Sequence[str], env: dict[str, str] | None = None, python: str | None = None
 ) -> dict[str, Any]:
     """``python script *argv --worker side`` in a fresh interpreter; the JSON of its last stdout line."""
-    proc = subprocess.run(
-        [python or sys.executable, script, *argv, "--worker", side],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true", **(env or {})},
-    )
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true", **(env or {})}
+    command = [python or sys.executable, script, *argv, "--worker", side]
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{side} worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -368,14 +354,14 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    info: dict[str, Any] = {
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info = {
         "cpu_model": cpu,
-        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_cores": cores,
         "os": platform.platform(),
         "python": platform.python_version(),
-        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "gpu": None,
     }
+    info.update(load_avg_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else None, gpu=None)
     try:
         import torch
 
@@ -390,10 +376,9 @@ def package_versions(names: Iterable[str]) -> dict[str, str | None]:
     """Installed distribution versions (``None`` when missing), from metadata without importing."""
     versions: dict[str, str | None] = {}
     for name in names:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[name] = None
+            versions[name] = importlib.metadata.version(name)
     return versions
 
 
@@ -450,14 +435,16 @@ def result(
     }
 
 
-def write_result(payload: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
-    """Validate ``payload`` and write ``results_dir/<benchmark>.json``; returns the path."""
+def write_result(payload: dict[str, Any], results_dir: Path = RESULTS_DIR, tag: str = "") -> Path:
+    """Validate ``payload`` and write ``results_dir/<benchmark>[-<tag>].json``; returns the path."""
     validate(payload)
     text = json.dumps(payload, indent=1) + "\n"
     if len(text) > MAX_RESULT_BYTES:
-        raise ValueError(f"result is {len(text)} bytes (> {MAX_RESULT_BYTES}): keep summaries, not every step")
+        raise ValueError(
+            f"result is {len(text)} bytes (> {MAX_RESULT_BYTES}): keep summaries, not every step"
+        )
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{payload['benchmark']}.json"
+    path = results_dir / f"{payload['benchmark']}{f'-{tag}' if tag else ''}.json"
     path.write_text(text)
     return path
 
@@ -471,14 +458,15 @@ def describe(r: dict[str, Any]) -> str:
     )
 
 
-def finish(payload: dict[str, Any], no_write: bool) -> int:
-    """Print the rows and the checks, write (or print) the result; exit status 1 when a check failed."""
+def finish(payload: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print the rows and the checks, write the result (``--tag``) or print it (``--no-write``); exit status 1
+    when a check failed."""
     for r in payload["summary"]:
         print(f"{r['metric']}: {describe(r)}")
     print(f"checks: {json.dumps(payload['checks'], default=str)[:2000]}")
-    if no_write:
+    if args.no_write:
         validate(payload)
         print(json.dumps(payload, indent=1)[:20000])
     else:
-        print(f"wrote {write_result(payload)}")
+        print(f"wrote {write_result(payload, tag=args.tag)}")
     return 0 if payload["passed"] else 1

@@ -34,7 +34,18 @@ import sys
 import tempfile
 from typing import Any
 
-from _harness import StepClock, column, digest, finish, parser, result, row, run_workers, worker_argv, worker_main
+from _harness import (
+    StepClock,
+    column,
+    digest,
+    finish,
+    parser,
+    result,
+    row,
+    run_workers,
+    worker_argv,
+    worker_main,
+)
 
 NAME = "dpo_vs_trl"
 SIDES = ("ours", "trl")
@@ -47,10 +58,12 @@ def _datamodule(args: argparse.Namespace) -> Any:
     from lightning_llm.datamodules import HoneypotPreferenceDataModule
 
     total = args.batch_size * (args.warmup + args.steps)
+    # fmt: off
     dm = HoneypotPreferenceDataModule(
         negatives="honeypot", tokenizer=args.model, num_train=total, num_val=0, batch_size=args.batch_size,
         max_length=args.max_length, seed=args.seed, shuffle=False,
-    )  # fmt: skip
+    )
+    # fmt: on
     dm.prepare_data()
     dm.setup("fit")
     if len(dm._train_data) < total:
@@ -63,20 +76,25 @@ def _trained(args: argparse.Namespace) -> int:
 
 
 def _ours_inputs(dm: Any, n: int) -> str:
-    return digest([item[f"{s}_input_ids"].tolist() for item in dm._train_data[:n] for s in ("chosen", "rejected")])
+    return digest(
+        [item[f"{s}_input_ids"].tolist() for item in dm._train_data[:n] for s in ("chosen", "rejected")]
+    )
 
 
 def _run_ours(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
     import lightning as L
 
     from lightning_llm.modules import DPOModule
+    from lightning_llm.trainer import quiet_trainer
 
     L.seed_everything(args.seed, verbose=False)
     dm = _datamodule(args)
+    # fmt: off
     module = DPOModule(
         model=args.model, beta=args.beta, label_smoothing=0.0, sft_weight=0.0, lr=args.lr, weight_decay=0.0,
         betas=BETAS, warmup_ratio=0.0, min_lr_ratio=1.0, dtype="float32",
-    )  # fmt: skip
+    )
+    # fmt: on
 
     class Timer(L.Callback):
         def on_train_start(self, *_: Any) -> None:
@@ -85,12 +103,9 @@ def _run_ours(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, *_: Any) -> None:
             clock.step_end(loss=float(outputs["loss"]))
 
-    trainer = L.Trainer(
-        accelerator="cpu", devices=1, precision="32-true", max_steps=args.warmup + args.steps,
-        gradient_clip_val=MAX_GRAD_NORM, gradient_clip_algorithm="norm", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        callbacks=[Timer()],
-    )  # fmt: skip
+    trainer = quiet_trainer(
+        args.warmup + args.steps, precision="32-true", gradient_clip_val=MAX_GRAD_NORM, callbacks=[Timer()]
+    )
     clock.before_fit()
     trainer.fit(module, datamodule=dm)
     return {"inputs": _ours_inputs(dm, _trained(args)), "losses": clock.values["loss"]}
@@ -134,19 +149,25 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
     )
     path = dm.tokenizer.name_or_path
     with tempfile.TemporaryDirectory(prefix="dpo_vs_trl_") as output_dir:
+        # fmt: off
         config = DPOConfig(
-            output_dir=output_dir, use_cpu=True, bf16=False, fp16=False, model_init_kwargs={"dtype": torch.float32},
-            gradient_checkpointing=False, disable_dropout=True, per_device_train_batch_size=args.batch_size,
-            gradient_accumulation_steps=1, max_length=args.max_length, truncation_mode="keep_start",
-            loss_type=["sigmoid"], beta=args.beta, label_smoothing=0.0, precompute_ref_log_probs=False,
-            learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-            optim="adamw_torch", adam_beta1=BETAS[0], adam_beta2=BETAS[1], adam_epsilon=EPS,
-            max_grad_norm=MAX_GRAD_NORM, max_steps=args.warmup + args.steps, train_sampling_strategy="sequential",
-            seed=args.seed, report_to=[], logging_strategy="steps", logging_steps=1, save_strategy="no",
-            eval_strategy="no", disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False,
-        )  # fmt: skip
+            output_dir=output_dir, use_cpu=True, bf16=False, fp16=False,
+            model_init_kwargs={"dtype": torch.float32}, gradient_checkpointing=False, disable_dropout=True,
+            per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=1,
+            max_length=args.max_length, truncation_mode="keep_start", loss_type=["sigmoid"], beta=args.beta,
+            label_smoothing=0.0, precompute_ref_log_probs=False, learning_rate=args.lr,
+            lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, optim="adamw_torch",
+            adam_beta1=BETAS[0], adam_beta2=BETAS[1], adam_epsilon=EPS, max_grad_norm=MAX_GRAD_NORM,
+            max_steps=args.warmup + args.steps, train_sampling_strategy="sequential", seed=args.seed,
+            report_to=[], logging_strategy="steps", logging_steps=1, save_strategy="no", eval_strategy="no",
+            disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False,
+        )
+        # fmt: on
         trainer = DPOTrainer(
-            model=path, args=config, train_dataset=dataset, processing_class=AutoTokenizer.from_pretrained(path)
+            model=path,
+            args=config,
+            train_dataset=dataset,
+            processing_class=AutoTokenizer.from_pretrained(path),
         )
         tokens = _token_check(dm, trainer.train_dataset, args.max_length, _trained(args))
 
@@ -161,7 +182,11 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
         clock.before_fit()
         trainer.train()
         logged = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e and "step" in e}
-    return {"inputs": tokens.pop("inputs"), "tokens": tokens, "losses": [float(logged[s]) for s in sorted(logged)]}
+    return {
+        "inputs": tokens.pop("inputs"),
+        "tokens": tokens,
+        "losses": [float(logged[s]) for s in sorted(logged)],
+    }
 
 
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -171,8 +196,14 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     del out["values"]
     losses = info.pop("losses")
     timed = clock.timed
-    return {**out, **info, "pairs_per_s": args.batch_size * len(timed) / sum(timed), "loss0": losses[0],
-            "loss_final": losses[-1], "loss_steps": len(losses)}  # fmt: skip
+    return {
+        **out,
+        **info,
+        "pairs_per_s": args.batch_size * len(timed) / sum(timed),
+        "loss0": losses[0],
+        "loss_final": losses[-1],
+        "loss_steps": len(losses),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args, _worker)
 
-    runs = run_workers(__file__, SIDES, worker_argv(argv), args.reps, env={"HF_DATASETS_DISABLE_PROGRESS_BARS": "1"})
+    runs = run_workers(
+        __file__, SIDES, worker_argv(argv), args.reps, env={"HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    )
     total = args.warmup + args.steps
     checks = {
         "inputs_identical": True,  # run_workers raises otherwise
@@ -200,12 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     unit = f"{args.batch_size} pairs/step, max_length {args.max_length}, {args.model}, fp32, cpu"
     ours, peer = "DPOModule (Lightning)", "TRL DPOTrainer"
+    # fmt: off
     summary = [
-        row(NAME, f"DPO training throughput, pairs/s ({unit})", ours, peer, column(runs["ours"], "pairs_per_s"),
-            column(runs["trl"], "pairs_per_s"), "higher"),
+        row(NAME, f"DPO training throughput, pairs/s ({unit})", ours, peer,
+            column(runs["ours"], "pairs_per_s"), column(runs["trl"], "pairs_per_s"), "higher"),
         row(NAME, f"peak RSS increase during DPO training, MiB ({unit})", ours, peer,
             column(runs["ours"], "peak_mib"), column(runs["trl"], "peak_mib"), "lower"),
-    ]  # fmt: skip
+    ]
+    # fmt: on
     payload = result(
         NAME,
         __doc__,
@@ -215,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         passed=checks["step0_loss_is_log2"] and checks["losses_every_step"],
         packages=("torch", "transformers", "trl", "accelerate", "lightning", "datasets", "psutil"),
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

@@ -61,12 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             recall_budget[name].append(curve[-1])
     setting = f"{args.worlds} synthetic worlds, 52 relations, 3 docs/search"
     ours, peer = "DualGraph gap-driven planner", "outline-only planner"
+    # fmt: off
     summary = [
         row(NAME, f"relation recall @ 16 searches ({setting})", ours, peer, recall16["gap-driven"],
             recall16["outline-only"], "higher"),
         row(NAME, f"relation recall @ {args.budget} searches ({setting})", ours, peer,
             recall_budget["gap-driven"], recall_budget["outline-only"], "higher"),
-    ]  # fmt: skip
+    ]
+    # fmt: on
     payload = result(
         NAME,
         __doc__,
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         details={"seconds_per_run": seconds},
         packages=("lightning-llm", "bm25s", "networkx"),
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

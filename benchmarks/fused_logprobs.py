@@ -76,8 +76,10 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.worker == "naive":
         method = _naive
     else:
-        def method(h, w, t, temperature):  # noqa: E306
+
+        def method(h, w, t, temperature):
             return fused_linear_logprobs(h, w, t, chunk_size=args.chunk_size, temperature=temperature)
+
     out: dict[str, float] = {}
 
     def step(n: int = args.tokens) -> None:
@@ -139,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     ours, naive = runs["ours"], runs["naive"]
     tol = 1e-3 if dtype == "float32" else 3e-2
     rel = {
-        k: max(abs(o["checks"][k] - n["checks"][k]) / max(abs(n["checks"][k]), 1e-12) for o, n in zip(ours, naive))
+        k: max(
+            abs(o["checks"][k] - n["checks"][k]) / max(abs(n["checks"][k]), 1e-12)
+            for o, n in zip(ours, naive, strict=True)
+        )
         for k in naive[0]["checks"]
     }
     memory_ratio = max(column(ours, "peak_mib")) / min(column(naive, "peak_mib"))
@@ -151,12 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     label = "fused_linear_logprobs (" + ("Triton" if device == "cuda" else "torch reference") + ")"
     unit = f"{args.tokens} tok x {args.vocab} vocab x {args.hidden} hidden, {dtype}, {device}"
+    # fmt: off
     summary = [
         row(NAME, f"fwd+bwd time, s ({unit})", label, "naive full logits", column(ours, "time_s"),
             column(naive, "time_s"), "lower"),
         row(NAME, f"fwd+bwd peak memory, MiB ({unit})", label, "naive full logits", column(ours, "peak_mib"),
             column(naive, "peak_mib"), "lower"),
-    ]  # fmt: skip
+    ]
+    # fmt: on
     payload = result(
         NAME,
         __doc__,
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         passed=checks["checksums_agree"] and checks["memory_criterion_passed"],
         packages=("torch", "triton", "lightning", "numpy", "psutil"),
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,18 @@ import sys
 import tempfile
 from typing import Any
 
-from _harness import StepClock, column, digest, finish, parser, result, row, run_workers, worker_argv, worker_main
+from _harness import (
+    StepClock,
+    column,
+    digest,
+    finish,
+    parser,
+    result,
+    row,
+    run_workers,
+    worker_argv,
+    worker_main,
+)
 
 NAME = "grpo_vs_trl"
 SIDES = ("ours", "trl")
@@ -44,16 +55,13 @@ def _datamodule(args: argparse.Namespace) -> Any:
     """The arithmetic prompts both sides train on, in a fixed order (one epoch covers every step)."""
     from lightning_llm.datamodules import PromptDataModule
 
+    # fmt: off
     dm = PromptDataModule(
-        task="arithmetic",
-        task_kwargs={"digits": args.digits},
-        tokenizer=args.model,
-        num_train=args.prompts * (args.warmup + args.steps),
-        num_val=0,
-        batch_size=args.prompts,
-        seed=args.seed,
-        shuffle=False,
+        task="arithmetic", task_kwargs={"digits": args.digits}, tokenizer=args.model,
+        num_train=args.prompts * (args.warmup + args.steps), num_val=0, batch_size=args.prompts,
+        seed=args.seed, shuffle=False,
     )
+    # fmt: on
     dm.prepare_data()
     dm.setup("fit")
     return dm
@@ -67,14 +75,18 @@ def _run_ours(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
     import lightning as L
 
     from lightning_llm.modules.grpo import GRPOModule
+    from lightning_llm.trainer import quiet_trainer
 
     L.seed_everything(args.seed, verbose=False)
     dm = _datamodule(args)
+    # fmt: off
     module = GRPOModule(
         model=args.model, rewards=["task"], group_size=args.group_size, max_new_tokens=args.max_new_tokens,
         temperature=1.0, top_p=1.0, lr=args.lr, beta=0.0, ppo_epochs=1, mini_batches=1,
-        loss_aggregation="token-mean", scale_rewards="group", epsilon=0.2, max_grad_norm=1.0, weight_decay=0.0,
-    )  # fmt: skip
+        loss_aggregation="token-mean", scale_rewards="group", epsilon=0.2, max_grad_norm=1.0,
+        weight_decay=0.0,
+    )
+    # fmt: on
     if args.min_new_tokens:
         module.model.generation_config.min_new_tokens = args.min_new_tokens
 
@@ -87,11 +99,7 @@ def _run_ours(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
             clock.step_end(completion_length=None if length is None else float(length))
 
     total = args.warmup + args.steps
-    trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=total, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        callbacks=[Timer()],
-    )  # fmt: skip
+    trainer = quiet_trainer(total, callbacks=[Timer()])
     clock.before_fit()
     trainer.fit(module, datamodule=dm)
     if trainer.global_step != total:
@@ -108,7 +116,10 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
     task, examples = dm.task, _examples(dm)
     path = dm.tokenizer.name_or_path
     dataset = Dataset.from_dict(
-        {"prompt": [[{"role": "user", "content": ex.prompt}] for ex in examples], "index": list(range(len(examples)))}
+        {
+            "prompt": [[{"role": "user", "content": ex.prompt}] for ex in examples],
+            "index": list(range(len(examples))),
+        }
     )
 
     def task_reward(completions: list[Any], index: list[int], **_: Any) -> list[float]:
@@ -116,6 +127,7 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
 
     total = args.warmup + args.steps
     with tempfile.TemporaryDirectory(prefix="grpo_vs_trl_") as output_dir:
+        # fmt: off
         config = GRPOConfig(
             output_dir=output_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
             per_device_train_batch_size=args.prompts * args.group_size, gradient_accumulation_steps=1,
@@ -124,15 +136,19 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
             repetition_penalty=1.0,
             generation_kwargs={"min_new_tokens": args.min_new_tokens} if args.min_new_tokens else None,
             beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group", learning_rate=args.lr,
-            lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, optim="adamw_torch", max_grad_norm=1.0,
-            max_steps=total, shuffle_dataset=False, seed=args.seed, report_to=[], logging_strategy="no",
-            log_completions=False, save_strategy="no", eval_strategy="no", disable_tqdm=True,
-            dataloader_num_workers=0, dataloader_pin_memory=False,
-        )  # fmt: skip
+            lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, optim="adamw_torch",
+            max_grad_norm=1.0, max_steps=total, shuffle_dataset=False, seed=args.seed, report_to=[],
+            logging_strategy="no", log_completions=False, save_strategy="no", eval_strategy="no",
+            disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False,
+        )
+        # fmt: on
         trainer = GRPOTrainer(
-            model=path, reward_funcs=[task_reward], args=config, train_dataset=dataset,
+            model=path,
+            reward_funcs=[task_reward],
+            args=config,
+            train_dataset=dataset,
             processing_class=AutoTokenizer.from_pretrained(path),
-        )  # fmt: skip
+        )
 
         class Timer(TrainerCallback):
             def on_train_begin(self, *_: Any, **__: Any) -> None:
@@ -178,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--min-new-tokens", type=int, default=0, help="force at least this many tokens on both sides")
+    p.add_argument(
+        "--min-new-tokens", type=int, default=0, help="force at least this many tokens on both sides"
+    )
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--digits", type=int, default=2, help="operand digits of the arithmetic task")
     p.add_argument("--steps", type=int, default=10, help="timed steps per repetition")
@@ -193,12 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     checks["completion_length"] = {s: column(runs[s], "completion_length") for s in SIDES}
     unit = f"{args.prompts} prompts x {args.group_size}, {args.max_new_tokens} new tokens, {args.model}, fp32, cpu"
     ours, peer = "GRPOModule (Lightning)", "TRL GRPOTrainer"
+    # fmt: off
     summary = [
         row(NAME, f"median time per optimisation step, s ({unit})", ours, peer,
             column(runs["ours"], "step_s_median"), column(runs["trl"], "step_s_median"), "lower"),
-        row(NAME, f"peak RSS increase during steps, MiB ({unit})", ours, peer, column(runs["ours"], "peak_mib"),
-            column(runs["trl"], "peak_mib"), "lower"),
-    ]  # fmt: skip
+        row(NAME, f"peak RSS increase during steps, MiB ({unit})", ours, peer,
+            column(runs["ours"], "peak_mib"), column(runs["trl"], "peak_mib"), "lower"),
+    ]
+    # fmt: on
     payload = result(
         NAME,
         __doc__,
@@ -208,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         passed=checks["prompt_tokens_identical"],
         packages=("torch", "transformers", "trl", "accelerate", "lightning", "datasets", "psutil"),
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from typing import Any
 
 from _harness import (
@@ -63,10 +62,12 @@ def _batches(args: argparse.Namespace, count: int) -> list[dict[str, Any]]:
     """``count`` collated SFT batches in a fixed order."""
     from lightning_llm.datamodules import ChatSFTDataModule
 
+    # fmt: off
     dm = ChatSFTDataModule(
         task="arithmetic", tokenizer=args.model, num_train=args.batch_size * count, num_val=0,
         batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, shuffle=False,
-    )  # fmt: skip
+    )
+    # fmt: on
     dm.prepare_data()
     dm.setup("fit")
     batches = [{k: b[k] for k in ("input_ids", "attention_mask", "labels")} for b in dm.train_dataloader()]
@@ -99,10 +100,12 @@ def _peft(args: argparse.Namespace) -> Any:
     model = AutoModelForCausalLM.from_pretrained(load_tokenizer(args.model).name_or_path)
     model.config.use_cache = False
     torch.manual_seed(args.seed)
+    # fmt: off
     peft_config = LoraConfig(
         r=config.r, lora_alpha=config.alpha, target_modules=list(config.target_modules), lora_dropout=0.0,
         bias="none", use_rslora=False, init_lora_weights=True, task_type="CAUSAL_LM",
-    )  # fmt: skip
+    )
+    # fmt: on
     return get_peft_model(model, peft_config).train()
 
 
@@ -118,7 +121,9 @@ def _trainable(model: Any) -> int:
 
 
 def _loss(model: Any, batch: dict[str, Any]) -> Any:
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+    return model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+    ).loss
 
 
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -178,7 +183,9 @@ def _correctness(args: argparse.Namespace) -> dict[str, Any]:
         "max_abs_loss_diff": max(diffs),
         "tolerance": args.check_tol,
         "trainable_params_equal": _trainable(ours) == _trainable(peft),
-        "passed": step0 <= args.check_tol and max(diffs) <= args.check_tol and _trainable(ours) == _trainable(peft),
+        "passed": step0 <= args.check_tol
+        and max(diffs) <= args.check_tol
+        and _trainable(ours) == _trainable(peft),
     }
 
 
@@ -215,24 +222,30 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads or 'default'} thread(s)"
     )
     metric = f"mean time per training step, s ({unit})"
+    # fmt: off
     summary = [
         row(NAME, metric, "LoRA (apply_lora)", "PEFT LoRA", means["lora"], means["peft"], "lower"),
         row(NAME, f"peak RSS increase during steps, MiB ({unit})", "LoRA (apply_lora)", "PEFT LoRA",
             column(runs["lora"], "peak_mib"), column(runs["peft"], "peak_mib"), "lower"),
-        row(NAME, metric, "LoRA + ScaLoRA (interval 10)", "PEFT LoRA", means["scalora10"], means["peft"], "lower"),
-        row(NAME, metric, "LoRA + ScaLoRA (interval 1)", "PEFT LoRA", means["scalora1"], means["peft"], "lower"),
-    ]  # fmt: skip
+        row(NAME, metric, "LoRA + ScaLoRA (interval 10)", "PEFT LoRA", means["scalora10"], means["peft"],
+            "lower"),
+        row(NAME, metric, "LoRA + ScaLoRA (interval 1)", "PEFT LoRA", means["scalora1"], means["peft"],
+            "lower"),
+    ]
+    # fmt: on
     payload = result(
         NAME,
         __doc__,
         summary,
         config={**vars(args), "worker": None, "no_write": None},
         checks=checks,
-        passed=correctness["passed"] and checks["trainable_params_identical"] and checks["scalora10_overhead_le_1_3"],
+        passed=correctness["passed"]
+        and checks["trainable_params_identical"]
+        and checks["scalora10_overhead_le_1_3"],
         details={s: {"peak_mib": column(runs[s], "peak_mib"), "step_s_mean": means[s]} for s in SIDES},
         packages=("torch", "transformers", "peft", "lightning", "psutil"),
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

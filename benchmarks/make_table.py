@@ -26,7 +26,17 @@ from _harness import RESULTS_DIR, validate, verdict
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 DEFAULT_README = Path(__file__).resolve().parent.parent / "README.md"
-HEADER = ("Benchmark", "Metric", "Ours", "Peer", "Ours value", "Peer value", "Ours / peer", "Better", "Verdict")
+HEADER = (
+    "Benchmark",
+    "Metric",
+    "Ours",
+    "Peer",
+    "Ours value",
+    "Peer value",
+    "Ours / peer",
+    "Better",
+    "Verdict",
+)
 VERDICT = {"win": "✓", "loss": "peer", "tie": "tie", "single": "single run"}
 
 
@@ -92,7 +102,9 @@ def replace_block(text: str, table: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--readme", type=Path, default=DEFAULT_README)
     args = parser.parse_args(argv)

@@ -77,13 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     agree = checks["viterbi_max_rel_diff"] < 1e-9 and checks["inside_max_rel_diff"] < 1e-9
     unit = f"{args.sentences} sentences, mean {statistics.mean(map(len, sentences)):.1f} words, 1 CPU thread"
+    # fmt: off
     summary = [
         row(NAME, f"time to parse, s ({unit})", "PCFG.viterbi (batched)", "nltk.ViterbiParser",
             times["ours viterbi"], times["nltk viterbi"], "lower"),
         row(NAME, f"time to score, s ({len(short)} sentences of <= {args.inside_max_words} words)",
-            "PCFG.log_prob (inside)", "nltk InsideChartParser, sum over all parses",
-            times["ours inside"], times["nltk inside"], "lower"),
-    ]  # fmt: skip
+            "PCFG.log_prob (inside)", "nltk InsideChartParser, sum over all parses", times["ours inside"],
+            times["nltk inside"], "lower"),
+    ]
+    # fmt: on
     payload = result(
         NAME,
         __doc__,
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         details={"next_token_logprobs_s": stat(next_token["next_token_logprobs"])},
         packages=("torch", "nltk", "lightning"),
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

@@ -83,13 +83,37 @@ def main(argv: list[str] | None = None) -> int:
     unit = f"{args.sources} source models, {n_models - args.sources} targets, {args.splits} splits"
     ours = raw["RepCore"][k]
     summary = [
-        *(row(NAME, f"MAE @ {k} anchors ({unit})", "RepCore", other, ours["mae"], raw[other][k]["mae"], "lower")
-          for other in (peer, "Random")),
-        row(NAME, f"Spearman @ {k} anchors ({unit})", "RepCore", peer, ours["spearman"], raw[peer][k]["spearman"],
-            "higher"),
-        row(NAME, f"selection + fit time, s @ {k} anchors", "RepCore", peer, ours["fit_s"], raw[peer][k]["fit_s"],
-            "lower"),
-    ]  # fmt: skip
+        *(
+            row(
+                NAME,
+                f"MAE @ {k} anchors ({unit})",
+                "RepCore",
+                other,
+                ours["mae"],
+                raw[other][k]["mae"],
+                "lower",
+            )
+            for other in (peer, "Random")
+        ),
+        row(
+            NAME,
+            f"Spearman @ {k} anchors ({unit})",
+            "RepCore",
+            peer,
+            ours["spearman"],
+            raw[peer][k]["spearman"],
+            "higher",
+        ),
+        row(
+            NAME,
+            f"selection + fit time, s @ {k} anchors",
+            "RepCore",
+            peer,
+            ours["fit_s"],
+            raw[peer][k]["fit_s"],
+            "lower",
+        ),
+    ]
     details = {
         m: {str(kk): {metric: stat(v) for metric, v in by.items()} for kk, by in by_k.items()}
         for m, by_k in raw.items()
@@ -102,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         details=details,
         packages=("torch", "numpy", "girth", "transformers"),
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     from lightning_llm.datamodules import PromptDataModule
     from lightning_llm.envs import TwentyQuestionsEnvironment
     from lightning_llm.modules import GRPOModule
+    from lightning_llm.trainer import quiet_trainer
 
     L.seed_everything(0, verbose=False)
     variant, total = args.worker, args.warmup + args.steps
@@ -59,7 +60,11 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         if variant == "delta_belief":
             callbacks.append(DeltaBeliefReward())
     else:
-        module = GRPOModule(rewards=["length"], **common, **({"entropy_coef": 0.01, "beta": 0.001} if variant == "larft" else {}))
+        module = GRPOModule(
+            rewards=["length"],
+            **common,
+            **({"entropy_coef": 0.01, "beta": 0.001} if variant == "larft" else {}),
+        )
         task, task_kwargs = "length", {"min_words": 3, "max_words": 12}
         if variant == "larft":
             callbacks.append(HindsightLengthAwareness(total_steps=total))
@@ -74,15 +79,13 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         def on_train_batch_end(self, *_: Any) -> None:
             clock.step_end()
 
+    # fmt: off
     data = PromptDataModule(
-        task=task, task_kwargs=task_kwargs, num_train=args.prompts * total, num_val=0, batch_size=args.prompts,
-        shuffle=False, seed=0,
-    )  # fmt: skip
-    trainer = L.Trainer(
-        max_steps=total, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        callbacks=[*callbacks, Timer()],
-    )  # fmt: skip
+        task=task, task_kwargs=task_kwargs, num_train=args.prompts * total, num_val=0,
+        batch_size=args.prompts, shuffle=False, seed=0,
+    )
+    # fmt: on
+    trainer = quiet_trainer(total, callbacks=[*callbacks, Timer()])
     clock.before_fit()
     trainer.fit(module, data)
     out = clock.result()
@@ -107,10 +110,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads} thread(s)"
     )
     summary = [
-        row(NAME, f"median time per GRPO step, s ({setting})", LABELS[v], LABELS[base],
-            column(runs[v], "step_s_median"), column(runs[base], "step_s_median"), "lower")
+        row(
+            NAME,
+            f"median time per GRPO step, s ({setting})",
+            LABELS[v],
+            LABELS[base],
+            column(runs[v], "step_s_median"),
+            column(runs[base], "step_s_median"),
+            "lower",
+        )
         for v, base in BASELINE.items()
-    ]  # fmt: skip
+    ]
     payload = result(
         NAME,
         __doc__,
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         config={**vars(args), "worker": None, "no_write": None},
         details={v: {"peak_mib": column(runs[v], "peak_mib")} for v in SIDES},
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

@@ -64,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         agent.act = timed  # type: ignore[method-assign]
         play_match([agent, TurtleAgent()], Rules(max_ticks=300), seed=0, frame_every=0)
         details["llm_agent"] = {"decisions": len(latencies), "median_s": statistics.median(latencies)}
+    # fmt: off
     summary = [
         row("RTS match speed (1 core)", f"s per {rules.max_ticks}-tick match", "lightning_llm.envs.rts",
-            f"issue target ({TARGET_S:g} s)", times["full match"], [TARGET_S], "lower", peer_exact=True)
-    ]  # fmt: skip
+            f"issue target ({TARGET_S:g} s)", times["full match"], [TARGET_S], "lower", peer_exact=True),
+    ]
+    # fmt: on
     full = ticks["full match"] == rules.max_ticks
     payload = result(
         NAME,
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         details=details,
         packages=("lightning-llm", "numpy", "torch", "transformers"),
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     pairs = _pairs(args.pairs, args.seed)
 
     def ours_train() -> torch.Tensor:
-        return train_steering_vector(model, tok, pairs, args.layer, method="diffmean", batch_size=args.batch_size)
+        return train_steering_vector(
+            model, tok, pairs, args.layer, method="diffmean", batch_size=args.batch_size
+        )
 
     @torch.no_grad()
     def theirs_train() -> torch.Tensor:
@@ -116,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     setting = f"{args.model}, fp32, cpu, {args.threads or 'default'} thread(s)"
     unit = f"{setting}, layer {args.layer}, {args.pairs} pairs, batch {args.batch_size}"
     gen_unit = f"{setting}, {args.prompts} prompts x {args.new_tokens} new tokens, greedy"
+    # fmt: off
     summary = [
         row(NAME, f"time to train one vector, s ({unit})", "train_steering_vector (diffmean)",
             "steering_vectors.train_steering_vector", train["ours"], train["theirs"], "lower"),
@@ -123,17 +126,23 @@ def main(argv: list[str] | None = None) -> int:
             gen["ours"], gen["theirs"], "lower"),
         row(NAME, f"steered / unsteered generate time ({gen_unit})", "ActivationSteering",
             "SteeringVector.apply", overhead["ours"], overhead["theirs"], "lower"),
-    ]  # fmt: skip
+    ]
+    # fmt: on
     payload = result(
         NAME,
         __doc__,
         summary,
-        config={**vars(args), "no_write": None, "pairs_digest": digest(pairs), "prompts_digest": digest(enc["input_ids"], enc["attention_mask"])},
+        config={
+            **vars(args),
+            "no_write": None,
+            "pairs_digest": digest(pairs),
+            "prompts_digest": digest(enc["input_ids"], enc["attention_mask"]),
+        },
         checks=checks,
         passed=checks["vectors_agree"] and checks["steered_tokens_identical"],
         packages=("torch", "transformers", "steering-vectors", "lightning"),
     )
-    return finish(payload, args.no_write)
+    return finish(payload, args)
 
 
 if __name__ == "__main__":
