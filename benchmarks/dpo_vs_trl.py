@@ -7,14 +7,11 @@ sides), the frozen reference forward, sequence log-probs, the sigmoid DPO loss, 
 (Lightning ``on_train_batch_end``; HF ``on_step_end``), the first ``--warmup`` dropped; throughput = ``B x
 steps / sum of the timed intervals``. Each framework runs in a fresh process per repetition (paired).
 
-Matched: the model (``--model``; TRL loads the same directory by path), fp32, no gradient checkpointing,
-autocast or dropout; the reference is a frozen copy of the initial policy; the data are
-``HoneypotPreferenceDataModule(negatives="honeypot")`` pairs, given to TRL as a conversational dataset of
-exactly the pairs the DataModule kept, in the same order (ours ``shuffle=False``, TRL sequential sampler). The
-TRL worker compares TRL's tokenised rows with the DataModule's token ids (``checks.tokens``), and both workers
-report a digest of the input sequences they train on, which must agree. Sigmoid DPO, ``beta``, no label
-smoothing or SFT term, mean over pairs, sums over response tokens; ``torch.optim.AdamW`` (0.9, 0.999, 1e-8),
-weight decay 0, constant lr, clipping at 1.0; no evaluation, checkpoints, reporters or progress bars.
+Matched: the model (``--model``, loaded by path on TRL's side), fp32, no gradient checkpointing, autocast or
+dropout, a frozen copy as reference; exactly the ``HoneypotPreferenceDataModule`` pairs, in the same order, as
+a conversational dataset for TRL (both workers digest the token sequences they train on: they must agree;
+``checks.tokens`` counts what each side scores); sigmoid DPO, ``beta``, no label smoothing or SFT term;
+AdamW (0.9, 0.999, 1e-8), constant lr, clipping at 1.0; no evaluation, checkpoints or progress bars.
 
 Not matched: ours labels each response up to and including ``<|im_end|>``; TRL's completion also holds the
 ``"\\n"`` the chat template writes after it (one more log-prob term per sequence; the input sequences are

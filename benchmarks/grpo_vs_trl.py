@@ -7,21 +7,17 @@ each framework's per-step bookkeeping. It is the interval between the ends of co
 ``on_train_batch_end``; HF ``on_step_end``); the first ``--warmup`` steps are dropped; per repetition the median
 step; each framework in a fresh process per repetition (paired, order alternating).
 
-Matched: the model (``--model``; TRL loads the same directory by path), fp32, no gradient checkpointing or
-autocast; the same arithmetic prompts in the same order (ours ``PromptDataModule(shuffle=False)``, TRL
-``shuffle_dataset=False``, conversational prompts rendered by the same chat template: the parent checks TRL's
-tokenisation equals the DataModule's ids, and the workers' prompt digests must agree); the task verifier as
-reward; sampling (group size, max new tokens, temperature 1, top-p 1, no top-k/min-p/repetition penalty, EOS
-stop, plain ``generate`` with a dynamic cache; TRL no vLLM, ``disable_compile``); ``beta = 0``, one update per
-generation batch, clip 0.2, token-mean loss (ours ``token-mean``, TRL ``dapo``), group-std reward scaling;
-``torch.optim.AdamW``, constant lr, weight decay 0, clipping at 1.0; no evaluation, checkpoints, loggers or
-progress bars; one torch thread in both workers.
+Matched: the model (``--model``, loaded by path on TRL's side), fp32, no gradient checkpointing or autocast;
+the same arithmetic prompts in the same order through the same chat template (the parent checks TRL's token
+ids against the DataModule's, the workers' prompt digests must agree); the task verifier as reward; sampling
+(temperature 1, top-p 1, no top-k, EOS stop, plain ``generate``); ``beta = 0``, one update per generation
+batch, clip 0.2, token-mean loss (TRL ``dapo``), group-std reward scaling; AdamW, constant lr, clipping at
+1.0; no evaluation, checkpoints, loggers or progress bars; one torch thread.
 
-Not matched (each library as it is): RNG streams differ, so completions (and EOS-shortened lengths) differ
-(the mean completion length is recorded; ``--min-new-tokens`` forces equal work); log-probs: ours runs the
-decoder then ``fused_linear_logprobs`` on completion tokens, TRL's chunked LM head scores every position on
-CPU; TRL re-tokenises prompts and fills metric buffers every step, ours logs ~15 scalars with ``self.log``;
-memory baselines differ by framework, so only the increase over each process's pre-training RSS is compared.
+Not matched (each library as it is): RNG streams, so completions and their lengths differ (recorded;
+``--min-new-tokens`` forces equal work); log-probs (ours ``fused_linear_logprobs`` on completion tokens, TRL's
+chunked LM head on every position); TRL re-tokenises prompts every step, ours logs ~15 scalars; memory
+baselines differ by framework, so only the increase over each process's pre-training RSS is compared.
 
     python benchmarks/grpo_vs_trl.py                        # 4 prompts x 8, 32 new tokens, 5 reps x 10 steps
     python benchmarks/grpo_vs_trl.py --model HuggingFaceTB/SmolLM2-135M-Instruct --max-new-tokens 64

@@ -8,12 +8,10 @@ whole frameworks): ``lora``, ours :func:`lightning_llm.modules.lora.apply_lora` 
 ``ScaLoRA(interval).rescale(model, optimizer)`` after the backward every step / every 10th step (the callback's
 rule, ``rank_every=0``); ``peft``, ``peft.get_peft_model`` with the same config.
 
-Matched: the model (``--model``; PEFT's side loads the same directory by path), fp32, ``use_cache=False``, train
-mode, no dropout; ``r``, ``alpha`` (scale ``alpha / r``), q/k/v/o/gate/up/down targets, PEFT's default init on
-both sides from the same seed (trainable parameter counts checked equal); the same ``ChatSFTDataModule``
-batches in the same order, collated before the timed loop (the workers' batch digests must agree);
-``torch.optim.AdamW`` over the trainable parameters, no schedule or clipping; one torch thread. ScaLoRA changes
-the trajectory (that is its purpose), not the work per step.
+Matched: the model (``--model``, loaded by path on PEFT's side), fp32, no dropout; ``r``, ``alpha``, the
+q/k/v/o/gate/up/down targets, PEFT's default init from the same seed (trainable parameter counts checked);
+the same ``ChatSFTDataModule`` batches in the same order (the workers' batch digests must agree); AdamW, no
+schedule or clipping; one torch thread. ScaLoRA changes the trajectory (its purpose), not the work per step.
 
 A step's time is the interval around those calls; per repetition the MEAN over the timed steps (amortised, so
 one rescale in ten counts; ``--steps`` a multiple of 10), each variant in a fresh process per repetition
