@@ -1,33 +1,23 @@
-"""Benchmark DualGraph's planner: true relations recovered per search, gap-driven vs outline-only queries.
+"""DualGraph's planner: true relations recovered per search, gap-driven vs outline-only queries.
 
-On ``--worlds`` synthetic research worlds (:func:`~lightning_llm.evaluation.synthetic_research_world`: 4 topic
-communities x 8 entities, 52 relations, 68 documents), both planners run the same loop (BM25 over the offline
-corpus, 3 documents per search, exact extraction) for ``--budget`` searches:
-
-* **gap-driven** (ours, DualGraph): queries from weak edges, missing cross-community links, bridges, thin
-  outline sections, under the default :class:`QueryQuota`;
-* **outline-only** (the baseline a deep-research agent without a knowledge graph uses): section goals, then
-  goal + keyword.
-
-Reported: relation recall at 16 searches (all the outline-only planner has to ask) and at the budget, median
-over worlds, and the wall time of one run. There is no packaged peer implementation (microsoft/DKI_LLM is a
-research repository driving hosted LLMs), so the baseline is the outline-only planner on the same loop.
-
-Usage (from the repository root)::
+On ``--worlds`` synthetic research worlds (:func:`~lightning_llm.evaluation.synthetic_research_world`, seed =
+world index: 4 topic communities x 8 entities, 52 relations, 68 documents), both planners run the same loop
+(BM25 over the offline corpus, 3 documents per search, exact extraction) for ``--budget`` searches: ours, the
+gap-driven DualGraph planner (queries from weak edges, missing cross-community links, bridges, thin outline
+sections), and the outline-only planner a deep-research agent without a knowledge graph uses (section goals,
+then goal + keyword). There is no packaged peer (microsoft/DKI_LLM drives hosted LLMs), so the baseline is the
+outline-only planner on the same loop. Reported per world (paired): relation recall at 16 searches (all the
+outline-only planner has to ask) and at the budget, and the wall time of one run.
 
     python benchmarks/dualgraph_recall.py [--worlds 10] [--budget 24] [--no-write]
-
-Writes ``benchmarks/results/dualgraph_recall.json``.
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import time
 
-from _common import machine_info, package_versions, summary_row, utc_now, write_result
+from _harness import digest, finish, parser, result, row
 
 from lightning_llm.evaluation import (
     DeterministicExtractor,
@@ -39,24 +29,23 @@ from lightning_llm.evaluation import (
 )
 
 NAME = "dualgraph_recall"
+PLANNERS = {"gap-driven": DeterministicPlanner, "outline-only": OutlineOnlyPlanner}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--worlds", type=int, default=10)
-    parser.add_argument("--budget", type=int, default=24)
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--worlds", type=int, default=10)
+    p.add_argument("--budget", type=int, default=24)
+    args = p.parse_args(argv)
 
-    planners = {"gap-driven": DeterministicPlanner, "outline-only": OutlineOnlyPlanner}
-    at16: dict[str, list[float]] = {n: [] for n in planners}
-    at_budget: dict[str, list[float]] = {n: [] for n in planners}
-    seconds: dict[str, list[float]] = {n: [] for n in planners}
+    recall16: dict[str, list[float]] = {n: [] for n in PLANNERS}
+    recall_budget: dict[str, list[float]] = {n: [] for n in PLANNERS}
+    seconds: dict[str, list[float]] = {n: [] for n in PLANNERS}
+    worlds = []
     for seed in range(args.worlds):
         world = synthetic_research_world(seed)
-        for name, make in planners.items():
+        worlds.append(digest([d.text if hasattr(d, "text") else str(d) for d in world.docs]))
+        for name, make in PLANNERS.items():
             start = time.perf_counter()
             trace = DualGraphResearcher(
                 world.docs,
@@ -68,49 +57,27 @@ def main(argv: list[str] | None = None) -> int:
             ).run()
             seconds[name].append(time.perf_counter() - start)
             curve = recall_curve(trace, world.truth)
-            at16[name].append(curve[min(16, len(curve)) - 1])
-            at_budget[name].append(curve[-1])
-    med = {
-        k: {n: statistics.median(v) for n, v in d.items()}
-        for k, d in (("16", at16), ("budget", at_budget), ("s", seconds))
-    }
-    for name in planners:
-        print(
-            f"{name:>13}: recall@16 {med['16'][name]:.3f}, recall@{args.budget} {med['budget'][name]:.3f}, "
-            f"{med['s'][name] * 1000:.0f} ms per run"
-        )
-    setting = f"{args.worlds} synthetic worlds, 52 relations, 3 docs/search, median"
-    payload = {
-        "benchmark": NAME,
-        "date": utc_now(),
-        "machine": machine_info(),
-        "versions": package_versions(["lightning-llm", "bm25s", "networkx"]),
-        "config": vars(args),
-        "per_world": {"recall_at_16": at16, "recall_at_budget": at_budget, "seconds": seconds},
-        "summary": [
-            summary_row(
-                NAME,
-                "DualGraph gap-driven planner",
-                "outline-only planner",
-                f"relation recall @ 16 searches ({setting})",
-                med["16"]["gap-driven"],
-                med["16"]["outline-only"],
-                "higher",
-            ),
-            summary_row(
-                NAME,
-                "DualGraph gap-driven planner",
-                "outline-only planner",
-                f"relation recall @ {args.budget} searches ({setting})",
-                med["budget"]["gap-driven"],
-                med["budget"]["outline-only"],
-                "higher",
-            ),
-        ],
-    }
-    if not args.no_write:
-        print(f"wrote {write_result(NAME, payload)}")
-    return 0
+            recall16[name].append(curve[min(16, len(curve)) - 1])
+            recall_budget[name].append(curve[-1])
+    setting = f"{args.worlds} synthetic worlds, 52 relations, 3 docs/search"
+    ours, peer = "DualGraph gap-driven planner", "outline-only planner"
+    # fmt: off
+    summary = [
+        row(NAME, f"relation recall @ 16 searches ({setting})", ours, peer, recall16["gap-driven"],
+            recall16["outline-only"], "higher"),
+        row(NAME, f"relation recall @ {args.budget} searches ({setting})", ours, peer,
+            recall_budget["gap-driven"], recall_budget["outline-only"], "higher"),
+    ]
+    # fmt: on
+    payload = result(
+        NAME,
+        __doc__,
+        summary,
+        config={"worlds": args.worlds, "budget": args.budget, "world_digest": digest(worlds)},
+        details={"seconds_per_run": seconds},
+        packages=("lightning-llm", "bm25s", "networkx"),
+    )
+    return finish(payload, args)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
 """Render every ``benchmarks/results/*.json`` summary into the README's benchmark table.
 
+Each value cell is the median over repetitions (or seeds) with its range ``[min–max]`` and count; the ratio
+cell is ours / peer of the medians with the range of the paired per-repetition ratios. The last column is the
+verdict of :func:`_harness.verdict`: ✓ only when ours wins outside the noise band (the two ranges do not
+overlap, or every paired ratio is on the better side of 1), "tie" inside it, "peer" when the peer wins
+outside it, and "single run" when a side was measured once (no spread, so no claim).
+
 Rewrites only the block between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in the repository's
 ``README.md``. Without the file or the markers it prints the table and exits 1 instead of guessing where
-the table belongs (the README is owned by whoever writes it)::
+the table belongs::
 
     python benchmarks/make_table.py [--results-dir DIR] [--readme PATH]
 """
@@ -16,18 +22,36 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS_DIR, SUMMARY_KEYS
+from _harness import RESULTS_DIR, validate, verdict
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 DEFAULT_README = Path(__file__).resolve().parent.parent / "README.md"
-_HEADER = ("Benchmark", "Metric", "Ours", "Peer", "Ours value", "Peer value", "Ours / peer", "Better")
+HEADER = (
+    "Benchmark",
+    "Metric",
+    "Ours",
+    "Peer",
+    "Ours value",
+    "Peer value",
+    "Ours / peer",
+    "Better",
+    "Verdict",
+)
+VERDICT = {"win": "✓", "loss": "peer", "tie": "tie", "single": "single run"}
 
 
-def _fmt(value: float) -> str:
+def fmt(value: float) -> str:
     """Three significant digits without scientific notation for everyday magnitudes."""
     if value == 0 or 1e-3 <= abs(value) < 1e6:
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
     return f"{value:.2e}"
+
+
+def fmt_stat(s: dict[str, Any]) -> str:
+    """``median [min–max] (n=N)``; a single or exact value alone."""
+    if s["n"] < 2 or s["min"] == s["max"]:
+        return fmt(s["median"]) + ("" if s["exact"] or s["n"] < 2 else f" (n={s['n']})")
+    return f"{fmt(s['median'])} [{fmt(s['min'])}–{fmt(s['max'])}] (n={s['n']})"
 
 
 def _cell(text: str) -> str:
@@ -35,31 +59,35 @@ def _cell(text: str) -> str:
 
 
 def load_rows(results_dir: Path) -> list[dict[str, Any]]:
-    """All summary rows of all result files, sorted by file name; raises on a malformed row."""
+    """All summary rows of all result files, sorted by file name; raises on a file off the schema."""
     rows: list[dict[str, Any]] = []
     for path in sorted(results_dir.glob("*.json")):
-        for row in json.loads(path.read_text()).get("summary", []):
-            missing = set(SUMMARY_KEYS) - set(row)
-            if missing:
-                raise ValueError(f"{path.name}: summary row lacks {sorted(missing)}")
-            rows.append(row)
+        payload = json.loads(path.read_text())
+        try:
+            validate(payload)
+        except ValueError as err:
+            raise ValueError(f"{path.name}: {err}") from err
+        rows.extend(payload["summary"])
     return rows
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
-    """Markdown table of summary rows; the ratio cell gets ✓ when ours wins in the row's direction."""
-    lines = ["| " + " | ".join(_HEADER) + " |", "|" + "|".join("---" for _ in _HEADER) + "|"]
-    for row in rows:
-        wins = row["ratio"] < 1 if row["better"] == "lower" else row["ratio"] > 1
+    """Markdown table of summary rows with spreads and the noise-aware verdict."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
+    for r in rows:
+        ratio = fmt(r["ratio"])
+        if r["paired_ratio"] is not None:
+            ratio += f" [{fmt(r['paired_ratio']['min'])}–{fmt(r['paired_ratio']['max'])}]"
         cells = (
-            row["benchmark"],
-            row["metric"],
-            row["ours"],
-            row["peer"],
-            _fmt(row["ours_value"]),
-            _fmt(row["peer_value"]),
-            f"{_fmt(row['ratio'])}{' ✓' if wins else ''}",
-            row["better"],
+            r["benchmark"],
+            r["metric"],
+            r["ours"],
+            r["peer"],
+            fmt_stat(r["ours_value"]),
+            fmt_stat(r["peer_value"]),
+            ratio,
+            r["better"],
+            VERDICT[verdict(r)],
         )
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)

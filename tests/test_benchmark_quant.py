@@ -13,7 +13,20 @@ def test_quant_benchmark_small(monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(BENCH_DIR))
     monkeypatch.delitem(sys.modules, "quant", raising=False)
     quant = importlib.import_module("quant")
-    args = ["--parts", "gaussian", "matmul", "--L", "6", "--gauss-rows", "2", "--matmul-L", "6"]
+    args = [
+        "--parts",
+        "gaussian",
+        "matmul",
+        "--L",
+        "6",
+        "--gauss-rows",
+        "2",
+        "--gauss-seeds",
+        "0",
+        "--matmul-L",
+        "6",
+    ]
     assert quant.main([*args, "--batches", "1", "3", "--reps", "1", "--no-write"]) == 0
     out = capsys.readouterr().out
-    assert "N(0,1)    proteus" in out and "matmul batch    3" in out
+    assert "Proteus 2-bit" in out and "time per 1024x1024 matmul, batch 3, s" in out
+    assert '"matmul_correct": true' in out
