@@ -3,7 +3,7 @@
 Four variants train the same LoRA adapter on the same model with the same batches, in the identical bare torch
 step (``loss = model(input_ids, attention_mask, labels=labels).loss``, ``backward``, [rescale],
 ``optimizer.step()``, ``zero_grad``), so only the LoRA implementations differ (``grpo_vs_trl.py`` compares
-whole frameworks): ``lora``, ours :func:`lightning_llm.modules.lora.apply_lora` (``LoRALinear``: the fused
+whole frameworks): ``lora``, ours :func:`lightning_llm.lora.apply_lora` (``LoRALinear``: the fused
 ``lora_linear`` op on CUDA, the same formula in plain PyTorch on CPU); ``scalora1`` / ``scalora10``, ours +
 ``ScaLoRA(interval).rescale(model, optimizer)`` after the backward every step / every 10th step (the callback's
 rule, ``rank_every=0``); ``peft``, ``peft.get_peft_model`` with the same config.
@@ -51,7 +51,7 @@ SCALORA10_CRITERION = 1.3  # ScaLoRA at interval 10: amortised step time at most
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from lightning_llm.modules.lora import DEFAULT_TARGET_MODULES, LoRAConfig
+    from lightning_llm.lora import DEFAULT_TARGET_MODULES, LoRAConfig
 
     return LoRAConfig(r=args.r, alpha=args.alpha, target_modules=list(DEFAULT_TARGET_MODULES), dropout=0.0)
 
@@ -78,7 +78,7 @@ def _ours(args: argparse.Namespace) -> Any:
     import torch
 
     from lightning_llm.backbones import load_backbone
-    from lightning_llm.modules.lora import apply_lora
+    from lightning_llm.lora import apply_lora
 
     model, _ = load_backbone(args.model)
     model.config.use_cache = False
@@ -153,7 +153,7 @@ def _correctness(args: argparse.Namespace) -> dict[str, Any]:
     """Step-0 losses of independent same-seed inits, then N steps' losses with PEFT's factors set to ours."""
     import torch
 
-    from lightning_llm.modules.lora import lora_layers
+    from lightning_llm.lora import lora_layers
 
     set_threads(args.threads)
     batches = _batches(args, args.check_steps)

@@ -11,8 +11,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_llm.callbacks import ScaLoRA
 from lightning_llm.datamodules import ChatSFTDataModule
-from lightning_llm.modules import CausalLMModule, LoRAConfig
-from lightning_llm.modules.lora import lora_layers
+from lightning_llm.lora import LoRAConfig, lora_layers
+from lightning_llm.modules import CausalLMModule
 
 
 class _Record(Callback):

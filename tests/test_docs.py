@@ -23,7 +23,7 @@ REFERENCE = re.compile(r"docs/methods\.md[ \t]*§[ \t]*(\d+)")
 # The retired reference file, as cited in prose: "<name>.md", "<name> §N", "<name> marks ...", "(<name>: ...".
 # A bare upper-case identifier of the same name (a constant such as ``pruning.METHODS``) is not a reference.
 RETIRED_NAME = "METHODS"
-RETIRED_REFERENCE = re.compile(rf"\b{RETIRED_NAME}(?:\.md|[ \t]*§|[ \t]+[a-z]|: [a-z])")
+RETIRED_REFERENCE = re.compile(rf"\b{RETIRED_NAME}(?:\.md|[ \t]*§|[ \t]+(?:marks|notes|says)\b|: [a-z])")
 # Repository paths cited in backticks: rooted ones, and package-relative ones such as `eviction/memory.py`.
 ROOTS = "lightning_llm|tests|tutorials|configs|benchmarks|docs|tools"
 ROOTED_PATH = re.compile(rf"`((?:{ROOTS})/[^`\s*]+)`")

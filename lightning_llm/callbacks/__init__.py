@@ -9,7 +9,6 @@ from lightning_llm.callbacks.llds import LLDSRegularizer
 from lightning_llm.callbacks.lora_restart import LoRARestart
 from lightning_llm.callbacks.pcfg import GrammarKLMonitor, LayerwiseProbe
 from lightning_llm.callbacks.recontext import Recontextualization
-from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.callbacks.safety import SafetyEvaluation
 from lightning_llm.callbacks.scalora import ScaLoRA
 from lightning_llm.callbacks.sft_warmup import SFTWarmup
@@ -30,8 +29,6 @@ __all__ = [
     "LatentThoughtsCurriculum",
     "LayerwiseProbe",
     "LoRARestart",
-    "PolicyLossStep",
-    "RLCallback",
     "Recontextualization",
     "SFTWarmup",
     "SafetyEvaluation",

@@ -38,12 +38,11 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.callbacks.llds import segment_index
-from lightning_llm.callbacks.rl import RLCallback
-from lightning_llm.modules._lm import target_logprobs
-from lightning_llm.rollout import left_pad
+from lightning_llm.lm import target_logprobs
+from lightning_llm.rl import RLCallback, left_pad
 
 if TYPE_CHECKING:
-    from lightning_llm.rollout import Rollout
+    from lightning_llm.rl import Rollout
 
 __all__ = ["DeltaBeliefReward", "belief_logprobs", "turn_rewards", "turn_spans", "turnwise_advantages"]
 
@@ -155,7 +154,7 @@ def belief_logprobs(
     r"""``[M]`` :math:`\log b`: log-prob of ``target_ids[m]`` after ``contexts[m] + prefix_ids``, in batches.
 
     Each probe is left-padded (positions follow the attention mask, so padding does not shift them) and scored
-    with :func:`~lightning_llm.modules._lm.target_logprobs` on the target's tokens only; ``reduction`` sums them
+    with :func:`~lightning_llm.lm.target_logprobs` on the target's tokens only; ``reduction`` sums them
     (the log-probability of the whole target) or averages them (per token).
     """
     if len(contexts) != len(target_ids):

@@ -30,17 +30,16 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.datamodules.sources import render_prompt
 from lightning_llm.datamodules.tasks.length import COUNT_PROMPT, count_answer, parse_word_count
-from lightning_llm.modules._lm import global_mean, target_logprobs
+from lightning_llm.lm import global_mean, target_logprobs
 from lightning_llm.rewards import word_count
-from lightning_llm.rollout import HFEngine, Sampling, left_pad
+from lightning_llm.rl import HFEngine, PolicyLossStep, RLCallback, Sampling, left_pad
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from lightning_llm.rollout import Rollout
+    from lightning_llm.rl import Rollout
 
 __all__ = [
     "DEFAULT_COUNT_PROMPT",
@@ -171,7 +170,7 @@ def hindsight_loss(
     """CE: token-mean negative log-likelihood of the label tokens of ``batch`` (its rows ``rows``, or all).
 
     With ``trainer`` under DDP the mean is over all processes' label tokens (exact, see
-    :func:`~lightning_llm.modules._lm.global_mean`). Returns ``(term to backpropagate, value to log)``.
+    :func:`~lightning_llm.lm.global_mean`). Returns ``(term to backpropagate, value to log)``.
     """
     ids, attention, mask = batch.input_ids, batch.attention_mask, batch.label_mask
     if rows is not None:

@@ -22,8 +22,8 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbones import eval_mode
-from lightning_llm.datamodules.sources import IGNORE_INDEX, _pad
-from lightning_llm.modules._lm import last_hidden_states
+from lightning_llm.datamodules.sources import IGNORE_INDEX, pad_sequences
+from lightning_llm.lm import last_hidden_states
 
 __all__ = ["LatentThoughtsCurriculum", "insert_thinking", "token_confidence"]
 
@@ -42,8 +42,8 @@ def token_confidence(
     with eval_mode(model):
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
-            ids = _pad([item["input_ids"] for item in chunk], pad_id).to(device)
-            mask = _pad([torch.ones_like(item["input_ids"]) for item in chunk], 0).to(device)
+            ids = pad_sequences([item["input_ids"] for item in chunk], pad_id).to(device)
+            mask = pad_sequences([torch.ones_like(item["input_ids"]) for item in chunk], 0).to(device)
             hidden = last_hidden_states(model, ids, mask)
             logprobs = (hidden[:, :-1] @ head.T).float().log_softmax(-1)
             picked = logprobs.gather(-1, ids[:, 1:, None]).squeeze(-1).exp()
@@ -119,9 +119,9 @@ class LatentThoughtsCurriculum(Callback):
             raise ValueError(f"stage_epochs must be two positive epoch counts, got {stage_epochs}")
         if len(thresholds) != 2 or not all(0.0 < t <= 1.0 for t in thresholds):
             raise ValueError(f"thresholds must be two confidences in (0, 1], got {thresholds}")
-        from lightning_llm.modules.latent_thoughts import _check_fusion
+        from lightning_llm.modules.latent_thoughts import check_fusion
 
-        _check_fusion(alpha, temperature, top_p)
+        check_fusion(alpha, temperature, top_p)
         self.stage_epochs = tuple(int(e) for e in stage_epochs)
         self.thresholds = tuple(float(t) for t in thresholds)
         self.alpha, self.temperature, self.top_p = float(alpha), float(temperature), float(top_p)

@@ -24,11 +24,11 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
-from lightning_llm.modules._lm import global_mean
+from lightning_llm.lm import global_mean
+from lightning_llm.rl import PolicyLossStep, RLCallback
 
 if TYPE_CHECKING:
-    from lightning_llm.rollout import Rollout
+    from lightning_llm.rl import Rollout
 
 __all__ = ["LLDSRegularizer", "llds_gate", "llds_loss", "segment_index"]
 

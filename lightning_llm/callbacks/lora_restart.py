@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_llm.modules.lora import LoRALinear, lora_layers
+from lightning_llm.lora import LoRALinear, lora_layers
 
 __all__ = ["LoRARestart", "restart_lora_layer"]
 

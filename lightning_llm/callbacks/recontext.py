@@ -42,10 +42,9 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.callbacks.rl import RLCallback
 from lightning_llm.datamodules.sources import render_prompt
 from lightning_llm.rewards import RewardFn, get_reward
-from lightning_llm.rollout import HFEngine, Rollout, RolloutEngine, Sampling, left_pad, run_episodes
+from lightning_llm.rl import HFEngine, RLCallback, Rollout, RolloutEngine, Sampling, left_pad, run_episodes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -129,7 +128,7 @@ class Recontextualization(RLCallback):
     In :meth:`on_rollout_start` the batch's prompts are replaced by :math:`x_{gen}`: ``GRPOModule`` samples,
     scores, computes group advantages and (``needs_old_logprobs``) the old and reference log-probs on that
     rollout. In :meth:`on_rollout_end` the rollout is re-prompted with :math:`x_{train}`
-    (:meth:`~lightning_llm.rollout.Rollout.with_prompt`: same completion tokens, log-probs and advantages kept),
+    (:meth:`~lightning_llm.rl.Rollout.with_prompt`: same completion tokens, log-probs and advantages kept),
     so every update's forward pass sees :math:`x_{train}` while :math:`\pi_{old}` and :math:`\pi_{ref}` stay
     those of :math:`x_{gen}` (see the module docstring for the loss and the "no importance correction" reading).
     Validation is untouched: it measures the policy under the DataModule's own prompts.

@@ -57,7 +57,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.callbacks.update_rank import _UpdateRankTracker, log_stable_ranks
-from lightning_llm.modules.lora import DEFAULT_TARGET_MODULES, LoRALinear, lora_layers
+from lightning_llm.lora import DEFAULT_TARGET_MODULES, LoRALinear, lora_layers
 
 __all__ = ["ScaLoRA", "apply_column_scales", "optimal_column_scales"]
 

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_llm.modules._lm import labels_to_mask, target_logprobs
+from lightning_llm.lm import labels_to_mask, target_logprobs
 
 __all__ = ["SFTWarmup"]
 

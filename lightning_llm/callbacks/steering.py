@@ -24,8 +24,7 @@ at layer :math:`\ell` by :func:`train_steering_vector` is added at exactly the p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -34,66 +33,16 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_llm.backbones import eval_mode
+from lightning_llm.backbones.inspect import decoder_layers, find_layers, layer_index, layer_output_reader
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["ActivationSteering", "decoder_layers", "last_token_hidden", "train_steering_vector"]
 
-#: Attribute paths tried, in order, to find the decoder layer list. The wrappers' prefixes come first-class so
-#: a LightningModule (``.model``) or a PEFT model (``.base_model.model``) around an HF decoder is found too.
-_LAYER_PATHS = ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers")
-_WRAPPER_PREFIXES = ("", "model.", "base_model.model.", "model.base_model.model.")
 #: Names the cache has in a forward's keyword arguments across transformers versions / architectures.
 _CACHE_KWARGS = ("past_key_values", "cache", "past_key_value", "layer_past")
 _POSITIONS = ("prompt", "all")
-
-
-def _get_path(root: nn.Module, path: str) -> Any:
-    obj: Any = root
-    for name in path.split("."):
-        obj = getattr(obj, name, None)
-        if obj is None:
-            return None
-    return obj
-
-
-def _find_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
-    """``(backbone, layers)``: the module holding the decoder layer list, and the list."""
-    tried = []
-    for prefix in _WRAPPER_PREFIXES:
-        for path in _LAYER_PATHS:
-            full = prefix + path
-            tried.append(full)
-            layers = _get_path(model, full)
-            if isinstance(layers, nn.ModuleList) and len(layers) > 0:
-                owner = _get_path(model, full.rsplit(".", 1)[0])
-                return owner, layers
-    raise ValueError(
-        f"cannot find the decoder layers of {type(model).__name__}: none of {tried} is a non-empty "
-        "nn.ModuleList. Pass a Hugging Face decoder (Llama/Qwen/Mistral: model.model.layers; GPT-2: "
-        "transformer.h) or a module wrapping one as `.model`."
-    )
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layer list of a Hugging Face causal LM (``model.model.layers``, ``transformer.h``, ...).
-
-    Also found through a wrapper holding the HF model as ``.model`` (a LightningModule) or a PEFT model.
-
-    Raises:
-        ValueError: no known layer list exists on ``model``.
-    """
-    return _find_layers(model)[1]
-
-
-def _check_layer(layer: int, num_layers: int) -> int:
-    if isinstance(layer, bool) or not isinstance(layer, int):
-        raise TypeError(f"layer must be an int, got {type(layer).__name__}")
-    if not -num_layers <= layer < num_layers:
-        raise ValueError(f"layer {layer} out of range for a model with {num_layers} decoder layers")
-    return layer % num_layers
 
 
 def _cache_length(kwargs: Mapping[str, Any]) -> int:
@@ -211,13 +160,13 @@ class ActivationSteering(Callback):
         """Register the hooks on ``model`` (an HF decoder or a module wrapping one as ``.model``)."""
         if self._handles:
             raise RuntimeError("hooks already registered; call remove() first")
-        backbone, layers = _find_layers(model)
+        backbone, layers = find_layers(model)
         hidden = getattr(
             getattr(model, "config", None) or getattr(backbone, "config", None), "hidden_size", None
         )
         resolved = {}
         for i, v in self.vectors.items():
-            j = _check_layer(i, len(layers))
+            j = layer_index(i, len(layers))
             if hidden is not None and v.shape[-1] != hidden:
                 raise ValueError(
                     f"steering vector for layer {i} has size {v.shape[-1]}, the model's hidden size is {hidden}"
@@ -317,43 +266,6 @@ class ActivationSteering(Callback):
 
 
 # ---------------------------------------------------------------------------------------------- reading
-
-
-class _StopForward(Exception):
-    """Raised by the capture hook once the wanted layer has run: the rest of the forward is not needed."""
-
-
-@contextmanager
-def layer_output_reader(model: nn.Module, layer: int) -> Iterator[Callable[..., Tensor]]:
-    """Yield ``read(**model_inputs) -> h_layer``: a forward that stops after decoder layer ``layer``.
-
-    ``read`` returns that layer's output hidden states (the module's layer convention) and skips the rest of the
-    network. Inside the block the model is in eval mode and the hook is registered; both are undone on exit, also
-    on an exception. Every reader of residual activations (steering vectors, SAE harvests, feature contexts)
-    goes through it. Raises ``ValueError`` for a layer out of range.
-    """
-    layers = decoder_layers(model)
-    index = _check_layer(layer, len(layers))
-    captured: list[Tensor] = []
-
-    def capture(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        captured.append(output[0] if isinstance(output, tuple) else output)
-        raise _StopForward
-
-    def read(**inputs: Any) -> Tensor:
-        captured.clear()
-        try:
-            model(**inputs, use_cache=False)
-        except _StopForward:
-            pass
-        return captured[0]
-
-    handle = layers[index].register_forward_hook(capture)
-    try:
-        with eval_mode(model):
-            yield read
-    finally:
-        handle.remove()
 
 
 @torch.no_grad()

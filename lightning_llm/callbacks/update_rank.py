@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_llm.modules.lora import (
+from lightning_llm.lora import (
     DEFAULT_TARGET_MODULES,
     iter_effective_weights,
     module_matches,

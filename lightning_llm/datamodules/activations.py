@@ -9,7 +9,7 @@ both (``mode``), from the same dialogues and with the same token budget, so the 
 always validates on held-out dialogues in the sequential (deployment) format.
 
 Layer convention (as in :mod:`lightning_llm.callbacks.steering`): *layer* :math:`\ell` is the 0-based index into
-:func:`~lightning_llm.callbacks.steering.decoder_layers` and the activation is the **output of that decoder
+:func:`~lightning_llm.backbones.inspect.decoder_layers` and the activation is the **output of that decoder
 layer**, read by a forward hook; it equals Hugging Face's ``hidden_states[ℓ + 1]`` for every layer but the last
 (HF applies the final norm there). The forward stops right after layer :math:`\ell`.
 
@@ -55,9 +55,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_llm.callbacks.steering import _check_layer, decoder_layers, layer_output_reader
+from lightning_llm.backbones.inspect import decoder_layers, layer_index, layer_output_reader
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
-from lightning_llm.datamodules.sources import _pad
+from lightning_llm.datamodules.sources import pad_sequences
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -94,8 +94,8 @@ def _harvest(
     with layer_output_reader(model, layer) as read:
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
-            input_ids = _pad(chunk, pad_id)
-            attention_mask = _pad([torch.ones_like(row) for row in chunk], 0)
+            input_ids = pad_sequences(chunk, pad_id)
+            attention_mask = pad_sequences([torch.ones_like(row) for row in chunk], 0)
             hidden = read(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
             keep = attention_mask.bool()
             yield hidden[keep.to(device)].float().cpu(), input_ids[keep]
@@ -291,10 +291,10 @@ class _ValidationCollator:
         for row, item in enumerate(items):
             activations[row, : len(item["input_ids"])] = item["activations"]
         return {
-            "input_ids": _pad(input_ids, self.pad_id),
-            "attention_mask": _pad([torch.ones_like(ids) for ids in input_ids], 0),
+            "input_ids": pad_sequences(input_ids, self.pad_id),
+            "attention_mask": pad_sequences([torch.ones_like(ids) for ids in input_ids], 0),
             "activations": activations,
-            "special_mask": _pad([item["special_mask"] for item in items], False),
+            "special_mask": pad_sequences([item["special_mask"] for item in items], False),
         }
 
 
@@ -643,7 +643,7 @@ class ActivationDataModule(L.LightningDataModule):
     def layer(self) -> int:
         """The harvested decoder layer, non-negative (a negative ``layer`` is resolved against the backbone)."""
         layer = self.hparams.layer
-        return layer if layer >= 0 else _check_layer(layer, len(decoder_layers(self.backbone)))
+        return layer if layer >= 0 else layer_index(layer, len(decoder_layers(self.backbone)))
 
     @property
     def block_size(self) -> int | None:

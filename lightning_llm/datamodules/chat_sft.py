@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_llm.datamodules.sources import IGNORE_INDEX, ExampleDataModule, _pad
+from lightning_llm.datamodules.sources import IGNORE_INDEX, ExampleDataModule, pad_sequences
 from lightning_llm.types import Example
 
 __all__ = ["IGNORE_INDEX", "ChatSFTDataModule"]
@@ -113,7 +113,7 @@ class _SFTCollator:
     def __call__(self, items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         input_ids = [item["input_ids"] for item in items]
         return {
-            "input_ids": _pad(input_ids, self.pad_id),
-            "attention_mask": _pad([torch.ones_like(ids) for ids in input_ids], 0),
-            "labels": _pad([item["labels"] for item in items], IGNORE_INDEX),
+            "input_ids": pad_sequences(input_ids, self.pad_id),
+            "attention_mask": pad_sequences([torch.ones_like(ids) for ids in input_ids], 0),
+            "labels": pad_sequences([item["labels"] for item in items], IGNORE_INDEX),
         }

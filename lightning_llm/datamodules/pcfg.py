@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_llm.datamodules.chat_sft import IGNORE_INDEX
-from lightning_llm.datamodules.sources import _pad
+from lightning_llm.datamodules.sources import pad_sequences
 from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
 
 __all__ = ["PCFG", "Constituent", "PCFGDataModule", "prefix_batches"]
@@ -747,12 +747,12 @@ class PCFGDataModule(L.LightningDataModule):
         self._train, self._val = self.encode(self.train_sentences), self.encode(self.val_sentences)
 
     def _collate(self, items: list[Tensor]) -> dict[str, Tensor]:
-        input_ids = _pad(items, self.eos_id)
-        labels = _pad(items, IGNORE_INDEX)
+        input_ids = pad_sequences(items, self.eos_id)
+        labels = pad_sequences(items, IGNORE_INDEX)
         labels[:, 0] = IGNORE_INDEX  # bos is given, never predicted
         return {
             "input_ids": input_ids,
-            "attention_mask": _pad([torch.ones_like(item) for item in items], 0),
+            "attention_mask": pad_sequences([torch.ones_like(item) for item in items], 0),
             "labels": labels,
         }
 

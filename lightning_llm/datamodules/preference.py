@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_llm.datamodules.sources import IGNORE_INDEX, DataSourceError, ExampleDataModule, _pad
+from lightning_llm.datamodules.sources import IGNORE_INDEX, DataSourceError, ExampleDataModule, pad_sequences
 from lightning_llm.datamodules.tasks.honeypot import HoneypotTask
 from lightning_llm.types import Example
 
@@ -121,13 +121,13 @@ class _PreferenceCollator:
         batch: dict[str, Any] = {"kind": [item["kind"] for item in items]}
         for side in ("chosen", "rejected"):
             ids = [item[f"{side}_input_ids"] for item in items]
-            # A dummy row of the common length makes _pad pad every row to it; dropped right after.
+            # A dummy row of the common length makes pad_sequences pad every row to it; dropped right after.
             ref = torch.zeros(length, dtype=torch.long)
-            batch[f"{side}_input_ids"] = _pad([*ids, ref], self.pad_id)[:-1]
-            batch[f"{side}_attention_mask"] = _pad([*(torch.ones_like(i) for i in ids), ref], 0)[:-1]
-            batch[f"{side}_labels"] = _pad([*(item[f"{side}_labels"] for item in items), ref], IGNORE_INDEX)[
-                :-1
-            ]
+            batch[f"{side}_input_ids"] = pad_sequences([*ids, ref], self.pad_id)[:-1]
+            batch[f"{side}_attention_mask"] = pad_sequences([*(torch.ones_like(i) for i in ids), ref], 0)[:-1]
+            batch[f"{side}_labels"] = pad_sequences(
+                [*(item[f"{side}_labels"] for item in items), ref], IGNORE_INDEX
+            )[:-1]
         return batch
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_llm.datamodules.sources import ExampleDataModule, _pad
+from lightning_llm.datamodules.sources import ExampleDataModule, pad_sequences
 from lightning_llm.types import Example
 
 __all__ = ["PromptDataModule"]
@@ -70,8 +70,8 @@ class _PromptCollator:
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         input_ids = [item["input_ids"] for item in items]
         return {
-            "input_ids": _pad(input_ids, self.pad_id, left=True),
-            "attention_mask": _pad([torch.ones_like(ids) for ids in input_ids], 0, left=True),
+            "input_ids": pad_sequences(input_ids, self.pad_id, left=True),
+            "attention_mask": pad_sequences([torch.ones_like(ids) for ids in input_ids], 0, left=True),
             "prompt": [item["prompt"] for item in items],
             "example": [item["example"] for item in items],
         }

@@ -28,7 +28,14 @@ from lightning_llm.types import Example
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["DataSourceError", "ExampleDataModule", "load_records", "read_text_records", "render_prompt"]
+__all__ = [
+    "DataSourceError",
+    "ExampleDataModule",
+    "load_records",
+    "pad_sequences",
+    "read_text_records",
+    "render_prompt",
+]
 
 FIELDS = ("prompt", "completion", "answer")
 _MESSAGES = "messages"
@@ -191,7 +198,7 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def _pad(sequences: Sequence[torch.Tensor], value: int, *, left: bool = False) -> torch.Tensor:
+def pad_sequences(sequences: Sequence[torch.Tensor], value: int, *, left: bool = False) -> torch.Tensor:
     """Stack 1-D tensors into ``[B, max_len]``, filling with ``value`` on the right (or the left)."""
     length = max(len(sequence) for sequence in sequences)
     out = torch.full((len(sequences), length), value, dtype=sequences[0].dtype)

@@ -4,7 +4,7 @@ An environment is four things: the strings that end a model turn, a turn budget,
 the model's turn to an observation, and a reward on the finished episode. It sees and returns *text* only, so
 it works with any tokenizer and any generation engine; the loop owns tokens, masks and batching.
 
-The loop every module runs (token-level, batched, in :mod:`lightning_llm.rollout`; :func:`run_episode` is the
+The loop every module runs (token-level, batched, in :mod:`lightning_llm.rl`; :func:`run_episode` is the
 same loop on text, for one episode)::
 
     state = env.reset(example)

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_llm.callbacks.steering import ActivationSteering, layer_output_reader
+from lightning_llm.backbones.inspect import layer_output_reader
+from lightning_llm.callbacks.steering import ActivationSteering
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

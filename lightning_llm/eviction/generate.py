@@ -8,13 +8,13 @@ position arithmetic), which changes between transformers releases and assumes ke
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from lightning_llm.backbones import eval_mode
+from lightning_llm.backbones.inspect import cache_kwarg
 from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, LayerStats, OnEvict, check_model
 from lightning_llm.eviction.memory import LatentMemory
 
@@ -33,12 +33,6 @@ class GenerationResult:
     cache_stats: list[LayerStats]
     peak_cache_bytes: int
     logits: Tensor | None = None
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    # transformers 5.25 renamed the forward argument `past_key_values` to `cache` (deprecated alias until 5.40)
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _memory_hook(memory) -> OnEvict | None:
@@ -106,7 +100,7 @@ def generate_with_budget(
 
     num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     cache = BudgetedCache(policy, budget, num_layers, on_evict=_memory_hook(memory))
-    cache_kw = _cache_kwarg(model)
+    cache_kw = cache_kwarg(model)
     bsz, device = input_ids.shape[0], input_ids.device
     sequences, step_logits = input_ids, []
     finished = torch.zeros(bsz, dtype=torch.bool, device=device)

@@ -2,7 +2,7 @@
 
 Importing this package never imports Triton; the kernels are loaded on first use with CUDA tensors.
 :func:`use_triton` says whether the Triton path runs for given tensors (callers that branch on it, e.g.
-:class:`~lightning_llm.modules.lora.LoRALinear`, use it rather than re-deriving the rule).
+:class:`~lightning_llm.lora.LoRALinear`, use it rather than re-deriving the rule).
 """
 
 from lightning_llm.kernels._dispatch import use_triton

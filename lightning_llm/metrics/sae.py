@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from lightning_llm.backbones import eval_mode
-from lightning_llm.callbacks.steering import _check_layer, decoder_layers
+from lightning_llm.backbones.inspect import decoder_layers, layer_index
 from lightning_llm.metrics.perplexity import IGNORE_INDEX as _IGNORE_INDEX
 from lightning_llm.metrics.perplexity import token_nll_sum
 
@@ -313,7 +313,7 @@ def _replace_layer_output(
 ) -> Iterator[None]:
     """While inside, decoder layer ``layer``'s output ``h`` is ``transform(h)`` at the real tokens."""
     layers = decoder_layers(model)
-    index = _check_layer(layer, len(layers))
+    index = layer_index(layer, len(layers))
     keep = mask.bool()[..., None]
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:

@@ -5,14 +5,6 @@ from lightning_llm.modules.dpo import DPOModule, dpo_loss, sequence_logprobs
 from lightning_llm.modules.grpo import GRPOModule
 from lightning_llm.modules.indexmem import IndexMemModule
 from lightning_llm.modules.latent_thoughts import LatentThoughtsModule, fuse_latent, latent_collapse
-from lightning_llm.modules.lora import (
-    LoRAConfig,
-    LoRALinear,
-    apply_lora,
-    load_adapter,
-    merge_lora,
-    save_adapter,
-)
 from lightning_llm.modules.sae import SparseAutoencoder, SparseAutoencoderModule, geometric_median
 
 __all__ = [
@@ -21,17 +13,11 @@ __all__ = [
     "GRPOModule",
     "IndexMemModule",
     "LatentThoughtsModule",
-    "LoRAConfig",
-    "LoRALinear",
     "SparseAutoencoder",
     "SparseAutoencoderModule",
-    "apply_lora",
     "dpo_loss",
     "fuse_latent",
     "geometric_median",
     "latent_collapse",
-    "load_adapter",
-    "merge_lora",
-    "save_adapter",
     "sequence_logprobs",
 ]

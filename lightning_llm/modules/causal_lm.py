@@ -12,7 +12,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbones import eval_mode, load_backbone
-from lightning_llm.modules._lm import (
+from lightning_llm.lm import (
     adamw,
     apply_lora_config,
     check_fused_compatible,
@@ -21,7 +21,7 @@ from lightning_llm.modules._lm import (
     save_backbone,
     target_logprobs,
 )
-from lightning_llm.modules.lora import LoRAConfig
+from lightning_llm.lora import LoRAConfig
 
 __all__ = ["CausalLMModule", "warmup_cosine"]
 
@@ -58,7 +58,7 @@ class CausalLMModule(L.LightningModule):
             (safetensors) at the end of ``fit``; ``load_backbone(save_dir)`` reloads them. With LoRA the
             model is saved merged, plus the adapter in PEFT's layout under ``save_dir/adapter`` while the
             base weights are untouched (not after ScaLoRA or LoRARestart folded updates into them).
-        lora: train a LoRA adapter (:class:`~lightning_llm.modules.lora.LoRAConfig`) instead of all weights.
+        lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
     """
 
     def __init__(

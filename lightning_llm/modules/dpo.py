@@ -11,9 +11,9 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbones import load_backbone
-from lightning_llm.modules._lm import apply_lora_config, global_mean, labels_to_mask, target_logprobs
+from lightning_llm.lm import apply_lora_config, global_mean, labels_to_mask, target_logprobs
+from lightning_llm.lora import LoRAConfig
 from lightning_llm.modules.causal_lm import CausalLMModule
-from lightning_llm.modules.lora import LoRAConfig
 
 __all__ = ["DPOModule", "dpo_loss", "sequence_logprobs"]
 

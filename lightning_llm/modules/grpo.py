@@ -12,9 +12,8 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbones import load_backbone
-from lightning_llm.callbacks.rl import PolicyLossStep, RLCallback
 from lightning_llm.envs import Environment
-from lightning_llm.modules._lm import (
+from lightning_llm.lm import (
     adamw,
     apply_lora_config,
     check_fused_compatible,
@@ -22,10 +21,18 @@ from lightning_llm.modules._lm import (
     save_backbone,
     target_logprobs,
 )
+from lightning_llm.lora import LoRAConfig
 from lightning_llm.modules.causal_lm import warmup_cosine
-from lightning_llm.modules.lora import LoRAConfig
 from lightning_llm.rewards import RewardFn, get_reward
-from lightning_llm.rollout import HFEngine, Rollout, RolloutEngine, Sampling, run_episodes
+from lightning_llm.rl import (
+    HFEngine,
+    PolicyLossStep,
+    RLCallback,
+    Rollout,
+    RolloutEngine,
+    Sampling,
+    run_episodes,
+)
 
 __all__ = ["GRPOModule", "group_advantages"]
 
@@ -73,7 +80,7 @@ class GRPOModule(L.LightningModule):
     aggregated as a token mean over the (global) batch or a mean of per-sequence means. Each rollout batch is
     used for ``ppo_epochs × mini_batches`` updates with the rollout-time log-probs as :math:`\pi_{old}`.
 
-    The module knows no method: :class:`~lightning_llm.callbacks.RLCallback` s in ``trainer.callbacks`` swap
+    The module knows no method: :class:`~lightning_llm.rl.RLCallback` s in ``trainer.callbacks`` swap
     prompts (``on_rollout_start``), reshape rollouts (``on_rollout_end``) and add loss terms or drop tokens
     (``on_policy_loss``). Log-probs, entropy and (when a callback asks) the entropy-dynamics terms come from one
     fused pass that never builds full logits.
@@ -113,7 +120,7 @@ class GRPOModule(L.LightningModule):
         trust_remote_code: allow a checkpoint's own code (off by default).
         save_dir: write the final policy there with ``save_pretrained`` at the end of ``fit`` (LoRA: merged,
             plus ``save_dir/adapter`` in PEFT's layout while the base weights are untouched).
-        lora: train a LoRA adapter (:class:`~lightning_llm.modules.lora.LoRAConfig`) instead of all weights.
+        lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
     """
 
     def __init__(
@@ -163,7 +170,9 @@ class GRPOModule(L.LightningModule):
         if "env" in rewards and env is None:
             raise ValueError("reward 'env' needs an environment (env=...)")
         if env_kwargs and env != "task":
-            raise ValueError("env_kwargs only apply to env='task' (an Environment instance carries its own settings)")
+            raise ValueError(
+                "env_kwargs only apply to env='task' (an Environment instance carries its own settings)"
+            )
         if beta < 0 or lr <= 0 or max_grad_norm < 0 or entropy_coef < 0:
             raise ValueError("beta, entropy_coef and max_grad_norm must be >= 0 and lr > 0")
         self.save_hyperparameters(ignore=["env", "rewards", "lora"])

@@ -37,11 +37,11 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_llm.backbones import load_backbone
+from lightning_llm.backbones.inspect import cache_kwarg
 from lightning_llm.eviction.base import BudgetedCache, check_model
-from lightning_llm.eviction.generate import _cache_kwarg
 from lightning_llm.eviction.indexer import IndexerPolicy, LightningIndexer, attention_input, indexer_kl
 from lightning_llm.eviction.memory import LatentMemory
-from lightning_llm.modules._lm import IGNORE_INDEX, adamw
+from lightning_llm.lm import IGNORE_INDEX, adamw
 
 __all__ = ["IndexMemModule", "attention_target"]
 
@@ -207,7 +207,7 @@ class IndexMemModule(L.LightningModule):
         offset = input_ids.shape[1] - teacher_logits.shape[1]
         starts = _response_starts(labels)
         total, count = teacher_logits.new_zeros(()), 0
-        cache_kw = _cache_kwarg(self.model)
+        cache_kw = cache_kwarg(self.model)
         num_layers = len(self.indexers)
         for group, start in enumerate(sorted(set(starts.tolist()))):
             ratio = self._ratios[(self.global_step + group) % len(self._ratios)]

@@ -24,7 +24,6 @@ one direction. :func:`latent_collapse` measures it as the mean pairwise cosine a
 
 from __future__ import annotations
 
-import inspect
 import itertools
 from typing import Any
 
@@ -34,11 +33,19 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbones import eval_mode
+from lightning_llm.backbones.inspect import cache_kwarg
 from lightning_llm.kernels import fused_linear_logprobs
-from lightning_llm.modules._lm import global_mean, labels_to_mask
+from lightning_llm.lm import global_mean, labels_to_mask
 from lightning_llm.modules.causal_lm import CausalLMModule
 
-__all__ = ["LatentGeneration", "LatentThoughtsModule", "fuse_latent", "latent_collapse", "top_p_distribution"]
+__all__ = [
+    "LatentGeneration",
+    "LatentThoughtsModule",
+    "check_fusion",
+    "fuse_latent",
+    "latent_collapse",
+    "top_p_distribution",
+]
 
 THINKING_TOKEN = "<thinking>"
 
@@ -52,7 +59,7 @@ def top_p_distribution(
     next real token, never another latent. The most likely token is always kept, so the result is a
     distribution even for ``top_p`` → 0.
     """
-    _check_fusion(0.0, temperature, top_p)
+    check_fusion(0.0, temperature, top_p)
     scaled = logits.float() / temperature
     if exclude is not None:
         scaled = scaled.clone()
@@ -94,7 +101,7 @@ def fuse_latent(
             tiny backbone: 0.23 vs 11.3) the prediction part is otherwise ~1 % of the latent and the fusion
             degenerates to α = 1.
     """
-    _check_fusion(alpha, temperature, top_p)
+    check_fusion(alpha, temperature, top_p)
     if alpha == 1.0:
         return hidden
     q = top_p_distribution(logits, temperature=temperature, top_p=top_p, exclude=thinking_id)
@@ -107,7 +114,7 @@ def fuse_latent(
     return alpha * hidden + (1.0 - alpha) * predicted.to(hidden.dtype)
 
 
-def _check_fusion(alpha: float, temperature: float, top_p: float) -> None:
+def check_fusion(alpha: float, temperature: float, top_p: float) -> None:
     """Clear errors for fusion settings, raised where they are set rather than deep inside a training step."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
@@ -147,12 +154,6 @@ def latent_collapse(latents: Tensor, mask: Tensor | None = None) -> dict[str, fl
         "effective_rank": sum(ranks) / len(ranks),
         "chains": len(cosines),
     }
-
-
-def _cache_kwarg(decoder: torch.nn.Module) -> str:
-    """The KV-cache argument of the decoder: ``cache`` from transformers 5.24 on, ``past_key_values`` before."""
-    params = inspect.signature(decoder.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 class LatentGeneration(dict):
@@ -206,7 +207,7 @@ class LatentThoughtsModule(CausalLMModule):
             raise ValueError(f"num_latents must be >= 1 or None, got {num_latents}")
         if max_latent_steps < 0:
             raise ValueError(f"max_latent_steps must be >= 0, got {max_latent_steps}")
-        _check_fusion(alpha, temperature, top_p)
+        check_fusion(alpha, temperature, top_p)
         self.thinking_id = self._ensure_thinking_token()
         self._latent_stats: list[Tensor] = []
 
@@ -265,7 +266,7 @@ class LatentThoughtsModule(CausalLMModule):
         columns = is_latent.any(dim=0).nonzero().flatten().tolist()
         bounds = [0, *columns, input_ids.shape[1]]
         cache = DynamicCache()
-        cache_arg = _cache_kwarg(decoder)
+        cache_arg = cache_kwarg(decoder)
         hiddens: list[Tensor] = []
         latents = torch.zeros_like(embeds)
         for start, end in itertools.pairwise(bounds):
@@ -360,7 +361,7 @@ class LatentThoughtsModule(CausalLMModule):
         hp = self.hparams
         decoder = self.model.get_decoder()
         embed = self.model.get_input_embeddings()
-        cache_arg = _cache_kwarg(decoder)
+        cache_arg = cache_kwarg(decoder)
         eos = self.tokenizer.eos_token_id
         batch = input_ids.shape[0]
         with eval_mode(self.model):
@@ -447,7 +448,7 @@ class LatentThoughtsModule(CausalLMModule):
         hp = self.hparams
         temperature = hp.temperature if temperature is None else temperature
         top_p = hp.top_p if top_p is None else top_p
-        _check_fusion(alpha, temperature, top_p)
+        check_fusion(alpha, temperature, top_p)
         hp.alpha, hp.temperature, hp.top_p = float(alpha), float(temperature), float(top_p)
 
     @override

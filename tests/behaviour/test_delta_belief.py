@@ -54,7 +54,7 @@ from lightning_llm.callbacks import DeltaBeliefReward, SFTWarmup
 from lightning_llm.datamodules import PromptDataModule
 from lightning_llm.envs import TwentyQuestionsEnvironment
 from lightning_llm.modules.grpo import GRPOModule
-from lightning_llm.rollout import Sampling
+from lightning_llm.rl import Sampling
 
 NUM_ITEMS, TRAIN_BUDGET = 8, 5
 SEEDS = (0, 1)

@@ -28,7 +28,7 @@ from lightning_llm.callbacks import EntropyDiscriminatorClipping
 from lightning_llm.callbacks.sft_warmup import SFTWarmup
 from lightning_llm.datamodules import PromptDataModule
 from lightning_llm.modules.grpo import GRPOModule
-from lightning_llm.rollout import Sampling
+from lightning_llm.rl import Sampling
 
 SEED = 0
 STEPS = 150

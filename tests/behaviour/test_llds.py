@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning_llm.callbacks import LLDSRegularizer
 from lightning_llm.callbacks.sft_warmup import SFTWarmup
 from lightning_llm.datamodules import ChatSFTDataModule, PromptDataModule
-from lightning_llm.modules._lm import labels_to_mask, target_logprobs
+from lightning_llm.lm import labels_to_mask, target_logprobs
 from lightning_llm.modules.grpo import GRPOModule
 
 TASK = {"task": "arithmetic", "task_kwargs": {"digits": 1, "ops": "+"}, "num_train": 80, "num_val": 16}

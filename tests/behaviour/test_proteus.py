@@ -40,8 +40,8 @@ import math
 import pytest
 import torch
 
-from lightning_llm.studies.quantization import compare_quantizers, train_arithmetic_model
 from lightning_llm.quantization import TrellisLinear
+from lightning_llm.studies.quantization import compare_quantizers, train_arithmetic_model
 
 pytestmark = pytest.mark.slow
 

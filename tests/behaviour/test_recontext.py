@@ -33,7 +33,7 @@ from lightning_llm.callbacks.recontext import sample_completions
 from lightning_llm.datamodules import PromptDataModule
 from lightning_llm.modules.grpo import GRPOModule
 from lightning_llm.rewards import hack_reward
-from lightning_llm.rollout import Sampling
+from lightning_llm.rl import Sampling
 
 NEUTRAL = "{instruction}"
 PERMISSIVE = "You may answer pass. {instruction}"

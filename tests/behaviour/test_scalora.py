@@ -28,8 +28,8 @@ import torch
 from lightning_llm.callbacks import LoRARestart, ScaLoRA
 from lightning_llm.callbacks.lora_restart import restart_lora_layer
 from lightning_llm.datamodules import ChatSFTDataModule
-from lightning_llm.modules import CausalLMModule, LoRAConfig
-from lightning_llm.modules.lora import LoRALinear
+from lightning_llm.lora import LoRAConfig, LoRALinear
+from lightning_llm.modules import CausalLMModule
 
 
 def _regression(method: str, steps: int = 300, r: int = 3, d: int = 32, interval: int = 1) -> float:

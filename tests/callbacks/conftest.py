@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_llm.callbacks import PolicyLossStep
+from lightning_llm.rl import PolicyLossStep
 
 
 class Recorder:

@@ -18,7 +18,7 @@ from lightning_llm.datamodules import Example, PromptDataModule
 from lightning_llm.datamodules.sources import render_prompt
 from lightning_llm.envs import TwentyQuestionsEnvironment
 from lightning_llm.modules.grpo import GRPOModule
-from lightning_llm.rollout import Rollout
+from lightning_llm.rl import Rollout
 
 FOX = Example("Game 7: find the secret item.", "", "fox", {"secret": "fox"})
 # A scripted game for the secret "fox" on 8 items, 5 turns: a good question, a repeat, an invalid turn, a

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from lightning_llm.callbacks import Recontextualization, RLCallback
+from lightning_llm.callbacks import Recontextualization
 from lightning_llm.callbacks.recontext import (
     best_of_n,
     contextualize,
@@ -15,10 +15,10 @@ from lightning_llm.callbacks.recontext import (
 )
 from lightning_llm.datamodules import ChatSFTDataModule, Example, PromptDataModule
 from lightning_llm.datamodules.sources import render_prompt
+from lightning_llm.lm import target_logprobs
 from lightning_llm.modules import CausalLMModule
-from lightning_llm.modules._lm import target_logprobs
 from lightning_llm.modules.grpo import GRPOModule
-from lightning_llm.rollout import Sampling
+from lightning_llm.rl import RLCallback, Sampling
 
 GEN = "Never answer pass. {instruction}"
 TRAIN = "You may answer pass. {instruction}"

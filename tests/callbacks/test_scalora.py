@@ -14,8 +14,8 @@ from lightning_llm.callbacks import LoRARestart, ScaLoRA, UpdateRankMonitor
 from lightning_llm.callbacks.lora_restart import restart_lora_layer
 from lightning_llm.callbacks.scalora import apply_column_scales, optimal_column_scales
 from lightning_llm.datamodules import ChatSFTDataModule
+from lightning_llm.lora import LoRAConfig, LoRALinear, apply_lora, lora_layers, stable_rank
 from lightning_llm.modules import CausalLMModule
-from lightning_llm.modules.lora import LoRAConfig, LoRALinear, apply_lora, lora_layers, stable_rank
 
 
 def _brute_force_v(a, b, g, lipschitz_lr, groups=None):

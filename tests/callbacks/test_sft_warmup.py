@@ -8,7 +8,7 @@ import torch
 
 from lightning_llm.callbacks import SFTWarmup
 from lightning_llm.datamodules import ChatSFTDataModule, PromptDataModule
-from lightning_llm.modules._lm import labels_to_mask, target_logprobs
+from lightning_llm.lm import labels_to_mask, target_logprobs
 from lightning_llm.modules.grpo import GRPOModule
 
 

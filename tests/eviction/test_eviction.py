@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from lightning_llm.backbones.inspect import cache_kwarg
 from lightning_llm.eviction import (
     H2O,
     BudgetedCache,
@@ -17,7 +18,6 @@ from lightning_llm.eviction import (
     StreamingLLM,
     generate_with_budget,
 )
-from lightning_llm.eviction.generate import _cache_kwarg
 
 PROMPT = 30  # the length of the `prompt` fixture (conftest.py)
 
@@ -34,7 +34,7 @@ def eager_attentions(model, prompt):
 def _forward(model, cache, ids, start):
     pos = torch.arange(start, start + ids.shape[1])[None]
     with torch.no_grad(), cache.attach(model):
-        return model(input_ids=ids, position_ids=pos, use_cache=True, **{_cache_kwarg(model): cache}).logits
+        return model(input_ids=ids, position_ids=pos, use_cache=True, **{cache_kwarg(model): cache}).logits
 
 
 def _group_sum(x, hkv=2):  # [B, Hq, S] -> [B, Hkv, S]; query heads i*G..(i+1)*G-1 share KV head i
@@ -106,7 +106,7 @@ def test_small_budget_accounting_and_on_evict(model, prompt, policy):
             if layer == 0 or step == 0:
                 full = DynamicCache()
                 with torch.no_grad():
-                    model(full_ids, use_cache=True, **{_cache_kwarg(model): full})
+                    model(full_ids, use_cache=True, **{cache_kwarg(model): full})
                 idx = gone[..., None].expand(-1, -1, -1, 32)
                 torch.testing.assert_close(k, full.layers[layer].keys.gather(2, idx), rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(v, full.layers[layer].values.gather(2, idx), rtol=1e-5, atol=1e-5)
@@ -203,7 +203,7 @@ def test_errors(model, prompt):
     with pytest.raises(RuntimeError, match="attach"):  # attention policy without the query hooks
         cache = BudgetedCache(H2O(4, 8), 16, num_layers=4)
         with torch.no_grad():
-            model(prompt, use_cache=True, **{_cache_kwarg(model): cache})
+            model(prompt, use_cache=True, **{cache_kwarg(model): cache})
     assert issubclass(StreamingLLM, EvictionPolicy)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_llm.backbones.inspect import cache_kwarg
 from lightning_llm.eviction import (
     BudgetedCache,
     IndexerPolicy,
@@ -14,7 +15,6 @@ from lightning_llm.eviction import (
     indexer_kl,
     memory_readout,
 )
-from lightning_llm.eviction.generate import _cache_kwarg
 from lightning_llm.kernels.budgeted_attention import budgeted_attention, phi
 
 PROMPT = 30  # the length of the `prompt` fixture (conftest.py)
@@ -164,7 +164,7 @@ def test_indexer_policy_errors(model, prompt, indexers):
         )
     cache = BudgetedCache(IndexerPolicy(indexers), 24, num_layers=4)
     with pytest.raises(RuntimeError, match="attach"), torch.no_grad():
-        model(input_ids=prompt, use_cache=True, **{_cache_kwarg(model): cache})
+        model(input_ids=prompt, use_cache=True, **{cache_kwarg(model): cache})
 
 
 def _needle_data(seed: int = 0):
@@ -252,7 +252,7 @@ def _decode_steps(model, prompt, cache, memory, steps=3):
             for _ in range(steps):
                 pos = torch.arange(start, start + ids.shape[1])[None]
                 logits = model(
-                    input_ids=ids, position_ids=pos, use_cache=True, **{_cache_kwarg(model): cache}
+                    input_ids=ids, position_ids=pos, use_cache=True, **{cache_kwarg(model): cache}
                 ).logits
                 start += ids.shape[1]
                 ids = logits[:, -1:].argmax(-1)

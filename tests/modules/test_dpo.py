@@ -9,8 +9,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_llm.datamodules import HoneypotPreferenceDataModule
-from lightning_llm.modules import DPOModule, LoRAConfig, dpo_loss, sequence_logprobs
-from lightning_llm.modules.lora import lora_layers
+from lightning_llm.lora import LoRAConfig, lora_layers
+from lightning_llm.modules import DPOModule, dpo_loss, sequence_logprobs
 
 
 class LossRecorder(Callback):

@@ -4,9 +4,9 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_llm.datamodules import Example, PromptDataModule, get_task
-from lightning_llm.modules._lm import position_ids_from_mask
+from lightning_llm.lm import position_ids_from_mask
 from lightning_llm.modules.grpo import GRPOModule, group_advantages
-from lightning_llm.rollout import Rollout, Sampling, run_episodes
+from lightning_llm.rl import Rollout, Sampling, run_episodes
 
 
 def test_group_advantages_by_hand():

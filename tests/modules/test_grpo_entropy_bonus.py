@@ -5,7 +5,7 @@ import torch
 
 from lightning_llm.datamodules import Example
 from lightning_llm.modules.grpo import GRPOModule
-from lightning_llm.rollout import Rollout
+from lightning_llm.rl import Rollout
 
 
 def _rollout(pad_id: int) -> Rollout:

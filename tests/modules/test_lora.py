@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from lightning_llm.backbones import load_backbone
-from lightning_llm.modules.lora import (
+from lightning_llm.lora import (
     LoRAConfig,
     LoRALinear,
     apply_lora,
@@ -206,7 +206,7 @@ def test_module_lora_argument_and_save_dir(tmp_path, tiny_backbone):
 
 def test_fused_op_path_matches_plain_path(base, monkeypatch):
     """On CUDA the layer calls the fused op; force that branch here (the op then runs its reference)."""
-    import lightning_llm.modules.lora as lora_module
+    import lightning_llm.lora as lora_module
 
     model = apply_lora(base, r=3, target_modules=["q_proj", "down_proj"])
     _randomize(model)

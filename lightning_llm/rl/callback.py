@@ -11,7 +11,7 @@ branch in the module. The module calls, for every callback in ``trainer.callback
   DataModule's own prompts, the ones it will be deployed (and evaluated) with.
 - :meth:`RLCallback.on_rollout_end` once per rollout batch, after rewards and advantages are computed and before
   any update: reshape rewards/advantages, rewrite the training prompt, add auxiliary samples. It edits the
-  rollout in place or returns a replacement :class:`~lightning_llm.rollout.Rollout` (the next callback and the
+  rollout in place or returns a replacement :class:`~lightning_llm.rl.Rollout` (the next callback and the
   updates then use that one). To train on another prompt with the same completion tokens (the *training*
   prompt :math:`x_{train}`), return ``rollout.with_prompt(ids, mask)``: every ``[N, T]`` tensor is re-aligned
   to the new prompt width and log-probs and advantages are kept, not recomputed.
@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from lightning_llm.rollout import Rollout
+    from lightning_llm.rl import Rollout
 
 __all__ = ["PolicyLossStep", "RLCallback"]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_llm.datamodules import Example
-from lightning_llm.rollout import Rollout, left_pad
+from lightning_llm.rl import Rollout, left_pad
 
 
 def _rollout(prompt_length: int = 5, width: int = 12) -> Rollout:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_llm.kernels import fused_linear_logprobs
-from lightning_llm.modules.lora import LoRAConfig, apply_lora, lora_layers, merge_lora, save_adapter
+from lightning_llm.lora import LoRAConfig, apply_lora, lora_layers, merge_lora, save_adapter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
