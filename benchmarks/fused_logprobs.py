@@ -136,86 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args, _worker)
 
-<<<<<<< HEAD
-    import torch
-
-    from lightning_llm.kernels import use_triton
-
-    # the package re-exports the function under the module's name, hence import_module
-    flp = importlib.import_module("lightning_llm.kernels.fused_linear_logprobs")
-    device, dtype = _resolve_device_dtype(args)
-    probe = torch.empty(0, device=device)
-    backend = "triton" if use_triton(probe) else "torch reference"
-    weight_meta = torch.empty(args.vocab, 1, dtype=getattr(torch, dtype), device="meta")
-    chunk = flp._resolve_chunk_size(args.chunk_size or 0, args.tokens, weight_meta)
-    results = {}
-    for method in METHODS:
-        print(f"running {method} ...", file=sys.stderr, flush=True)
-        results[method] = spawn_worker(__file__, method, [a for a in argv if a != "--no-write"])
-
-    naive, ours = results["naive"], results["ours"]
-    time_ratio = ours["time_s"]["median"] / naive["time_s"]["median"]
-    memory_ratio = ours["memory"]["peak_mib"] / naive["memory"]["peak_mib"]
-    agreement = _agreement(naive["checks"], ours["checks"], dtype)
-    passed = memory_ratio <= MEMORY_CRITERION
-    unit = f"{args.tokens} tok x {args.vocab} vocab x {args.hidden} hidden, {dtype}, {device}"
-    payload = {
-        "benchmark": NAME,
-        "description": "forward+backward of per-token target log-prob + full-vocabulary entropy from an LM head",
-        "config": {
-            "tokens": args.tokens,
-            "vocab": args.vocab,
-            "hidden": args.hidden,
-            "dtype": dtype,
-            "device": device,
-            "temperature": args.temperature,
-            "chunk_size": chunk,
-            "ours_backend": backend,
-            "reps": args.reps,
-            "warmup": args.warmup,
-        },
-        "methods": {
-            "naive": {"description": "full logits, log_softmax in fp32, gather, -sum p log p", **naive},
-            "ours": {"description": f"lightning_llm.kernels.fused_linear_logprobs ({backend})", **ours},
-        },
-        "ratios": {"time_ours_over_naive": time_ratio, "peak_memory_ours_over_naive": memory_ratio},
-        "acceptance": {
-            "criterion": f"peak memory ours <= {MEMORY_CRITERION:.0%} of naive",
-            "passed": passed,
-        },
-        "agreement": agreement,
-        "measurement": {"time": MEASUREMENT["time"], "memory": MEASUREMENT[f"memory_{device}"]},
-        "versions": package_versions(["torch", "triton", "lightning", "numpy", "psutil"]),
-        "machine": machine_info(),
-        "date": utc_now(),
-        "summary": [
-            summary_row(
-                NAME,
-                f"fused_linear_logprobs ({backend})",
-                "naive full logits",
-                f"fwd+bwd median time, s ({unit})",
-                ours["time_s"]["median"],
-                naive["time_s"]["median"],
-                better="lower",
-            ),
-            summary_row(
-                NAME,
-                f"fused_linear_logprobs ({backend})",
-                "naive full logits",
-                f"fwd+bwd peak memory, MiB ({unit})",
-                ours["memory"]["peak_mib"],
-                naive["memory"]["peak_mib"],
-                better="lower",
-            ),
-        ],
-    }
-
-    for method in METHODS:
-        r = results[method]
-        print(
-            f"{method:>5}: median {r['time_s']['median'] * 1e3:8.1f} ms  min {r['time_s']['min'] * 1e3:8.1f} ms  "
-            f"peak {r['memory']['peak_mib']:8.1f} MiB"
-=======
     device, dtype = _device_dtype(args)
     runs = run_workers(__file__, SIDES, worker_argv(argv), args.reps)
     ours, naive = runs["ours"], runs["naive"]
@@ -224,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         k: max(
             abs(o["checks"][k] - n["checks"][k]) / max(abs(n["checks"][k]), 1e-12)
             for o, n in zip(ours, naive, strict=True)
->>>>>>> h-bench
         )
         for k in naive[0]["checks"]
     }

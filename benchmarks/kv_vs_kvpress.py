@@ -67,8 +67,8 @@ def _models(args: argparse.Namespace, seed: int, root: Path) -> Any:
     import lightning as L
 
     from lightning_llm.datamodules.needle import NeedleDataModule
-    from lightning_llm.studies.eviction import train_retrieval_backbone
     from lightning_llm.modules import IndexMemModule
+    from lightning_llm.studies.eviction import train_retrieval_backbone
     from lightning_llm.trainer import quiet_trainer
 
     backbone, saved = root / f"seed{seed}" / "needle_tiny", root / f"seed{seed}" / "indexmem"

@@ -56,10 +56,49 @@ def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask
     """
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
     position_ids = None if attention_mask is None else position_ids_from_mask(attention_mask)
-    out = decoder(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    )
-    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    kwargs = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "use_cache": False,
+    }
+    if not is_fsdp(model):
+        out = decoder(**kwargs)
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    # FSDP2: the embeddings and the head belong to the root unit, gathered only inside the root's forward, so
+    # go through it (logits of one position only) and take the decoder's output from a hook.
+    captured: list[Tensor] = []
+
+    def capture(module: torch.nn.Module, args: Any, output: Any) -> None:
+        captured.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
+
+    handle = decoder.register_forward_hook(capture)
+    try:
+        model(**kwargs, logits_to_keep=1)
+    finally:
+        handle.remove()
+    return captured[0]
+
+
+def is_fsdp(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is sharded with FSDP2 (``fully_shard``)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def shard_fsdp2(model: torch.nn.Module, mesh: Any) -> None:
+    """FSDP2 (``fully_shard``) over ``mesh``: every decoder layer its own unit, the rest (embeddings, final norm,
+    head) the root unit. What ``configure_model`` does under Lightning's ``ModelParallelStrategy``."""
+    from torch.distributed.fsdp import fully_shard
+
+    from lightning_llm.backbones.inspect import decoder_layers
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def target_logprobs(

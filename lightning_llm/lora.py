@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,8 @@ __all__ = [
     "LoRAConfig",
     "LoRALinear",
     "apply_lora",
+    "disable_adapters",
+    "fold_adapters",
     "iter_effective_weights",
     "load_adapter",
     "lora_layers",
@@ -122,6 +125,7 @@ class LoRALinear(nn.Module):
         self.scale = float(scale)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.merged = False
+        self.disabled = False  # set by disable_adapters(): the layer is its base layer
         # A buffer, so a resumed checkpoint remembers that the base weight is no longer the pretrained one.
         self.register_buffer("base_modified", torch.zeros((), dtype=torch.bool))
         self.reset_lora_parameters()
@@ -167,7 +171,7 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         base = self.base_layer
-        if self.merged:
+        if self.merged or self.disabled:
             return base(x)
         if use_triton(x) and not (self.training and isinstance(self.dropout, nn.Dropout)):
             return lora_linear(
@@ -225,6 +229,15 @@ def apply_lora(model: nn.Module, config: LoRAConfig | None = None, **overrides: 
         raise ValueError(
             f"no nn.Linear matches target_modules={config.target_modules!r}; linear layers here: {names}"
         )
+    too_wide = {n: (linear[n].in_features, linear[n].out_features) for n in chosen}
+    too_wide = {n: w for n, w in too_wide.items() if config.r > min(w)}
+    if too_wide:
+        name, (d_in, d_out) = next(iter(too_wide.items()))
+        raise ValueError(
+            f"LoRA rank r={config.r} exceeds the width of {len(too_wide)} targeted layer(s), e.g. {name} "
+            f"({d_in} -> {d_out}): a rank-r update of a layer is at most min(in, out) = {min(d_in, d_out)}; "
+            "lower r or target other layers"
+        )
     model.requires_grad_(False)
     for name in chosen:
         parent_name, _, child = name.rpartition(".")
@@ -233,6 +246,34 @@ def apply_lora(model: nn.Module, config: LoRAConfig | None = None, **overrides: 
         setattr(parent, child, layer.train(linear[name].training))  # keep the model's train/eval mode
     model.lora_config = config  # remembered for save_adapter
     return model
+
+
+@contextmanager
+def disable_adapters(model: nn.Module) -> Iterator[nn.Module]:
+    """Run a block with every adapter of ``model`` switched off: the model is its base model (PEFT's
+    ``disable_adapter``; how a LoRA policy's reference model costs no second copy)."""
+    layers = _require_layers(model)
+    previous = {name: layer.disabled for name, layer in layers.items()}
+    for layer in layers.values():
+        layer.disabled = True
+    try:
+        yield model
+    finally:
+        for name, layer in layers.items():
+            layer.disabled = previous[name]
+
+
+@torch.no_grad()
+def fold_adapters(model: nn.Module) -> None:
+    """Add every adapter's update into its base weight and zero ``B``, in place: the model computes the same
+    function (up to rounding of the merged weight), its adapters start again from zero, and the base is marked
+    modified (the adapter alone no longer describes the model)."""
+    for layer in _require_layers(model).values():
+        if layer.merged:
+            raise ValueError("fold_adapters needs unmerged adapters")
+        layer.base_layer.weight += layer.delta_weight()
+        layer.lora_B.weight.zero_()
+        layer.base_modified.fill_(True)
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:

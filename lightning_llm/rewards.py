@@ -34,6 +34,7 @@ __all__ = [
     "length_score",
     "parse_forecast",
     "register_reward",
+    "reward_names",
     "word_count",
 ]
 
@@ -54,7 +55,26 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     return decorate
 
 
+#: Prefix of the saved name of a reward callable that is not registered (it cannot be rebuilt from a name).
+UNREGISTERED = "unregistered:"
+
+
+def reward_names(rewards: Sequence[str | RewardFn]) -> list[str]:
+    """Names that rebuild ``rewards`` with :func:`get_reward` (what a checkpoint stores): registered names as
+    they are, ``"unregistered:<qualname>"`` for a callable that was never registered."""
+    by_fn = {id(fn): name for name, fn in _REWARDS.items()}
+    return [
+        r if isinstance(r, str) else by_fn.get(id(r), UNREGISTERED + getattr(r, "__qualname__", repr(r)))
+        for r in rewards
+    ]
+
+
 def get_reward(name: str) -> RewardFn:
+    if name.startswith(UNREGISTERED):
+        raise ValueError(
+            f"reward {name!r} was a callable that is not registered, so it cannot be rebuilt from the "
+            "checkpoint: register it with @register_reward(name), or pass rewards=[...] to load_from_checkpoint"
+        )
     try:
         return _REWARDS[name]
     except KeyError:

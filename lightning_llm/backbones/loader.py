@@ -23,6 +23,7 @@ __all__ = [
     "BackboneNotFoundError",
     "available_backbones",
     "load_backbone",
+    "load_model",
     "load_tokenizer",
     "register_backbone",
     "resolve_backbone",
@@ -159,6 +160,25 @@ def load_tokenizer(name_or_path: str = TINY, *, trust_remote_code: bool = False)
     return tokenizer
 
 
+def load_model(
+    name_or_path: str = TINY,
+    *,
+    dtype: torch.dtype | str | None = None,
+    trust_remote_code: bool = False,
+    **model_kwargs: Any,
+) -> PreTrainedModel:
+    """The model of :func:`load_backbone` alone (modules load their tokenizer at construction)."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_backbone(name_or_path)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    with quiet_progress(name_or_path in _EMBEDDED):
+        # An MoE whose layers keep different numbers of experts cannot be rebuilt from its config alone.
+        load = load_moe if is_nonuniform_moe(path) else AutoModelForCausalLM.from_pretrained
+        return load(path, dtype=dtype, trust_remote_code=trust_remote_code, **model_kwargs)
+
+
 def load_backbone(
     name_or_path: str = TINY,
     *,
@@ -178,16 +198,8 @@ def load_backbone(
             never executed unless you ask for it.
         **model_kwargs: forwarded to ``AutoModelForCausalLM.from_pretrained`` (e.g. ``attn_implementation``).
     """
-    from transformers import AutoModelForCausalLM
-
-    path = resolve_backbone(name_or_path)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    with quiet_progress(name_or_path in _EMBEDDED):
-        # An MoE whose layers keep different numbers of experts cannot be rebuilt from its config alone.
-        load = load_moe if is_nonuniform_moe(path) else AutoModelForCausalLM.from_pretrained
-        model = load(path, dtype=dtype, trust_remote_code=trust_remote_code, **model_kwargs)
-    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    model = load_model(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **model_kwargs)
+    tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer

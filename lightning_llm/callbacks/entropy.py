@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
@@ -155,6 +156,7 @@ class EntropyDiscriminatorClipping(RLCallback):
         self.mode = mode
         self.mu = mu
         self.max_fraction = max_fraction
+        self._warned = False
         self._counts: Tensor | None = None  # (dropped, seen) over the current rollout batch's updates
 
     @property
@@ -177,6 +179,15 @@ class EntropyDiscriminatorClipping(RLCallback):
             drop = clip_vocab_mask(
                 step.s_target, step.n_term, step.advantages, self.mu, self.max_fraction, trainer=trainer
             )
+            tokens = step.s_target.numel() * (trainer.world_size if trainer is not None else 1)
+            if self.max_fraction > 0 and tokens < 1 / self.max_fraction and not self._warned:
+                self._warned = True
+                rank_zero_warn(
+                    f"Clip_V drops at most max_fraction={self.max_fraction:g} of the tokens of an update; this update "
+                    f"has {tokens}, fewer than 1 / max_fraction = {1 / self.max_fraction:.0f}, so it drops nothing. "
+                    "Clip_V acts from that many tokens per update on (the paper's batches); use Clip_B "
+                    "(mode='batch') for small batches, or raise max_fraction."
+                )
         step.loss_mask[drop] = False
         counts = torch.stack([drop.sum(), torch.tensor(drop.numel(), device=drop.device)]).float()
         self._counts = counts if step.update_index == 0 or self._counts is None else self._counts + counts

@@ -132,6 +132,16 @@ class LLDSRegularizer(RLCallback):
         return "LLDS"
 
     @override
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        hp = pl_module.hparams
+        if self.coef > 0 and hp.get("ppo_epochs", 1) * hp.get("mini_batches", 1) == 1:
+            raise ValueError(
+                "LLDSRegularizer compares the policy with the rollout policy, which are equal at the first update "
+                "of every rollout batch: with ppo_epochs=1 and mini_batches=1 it adds exactly 0. Use several "
+                "updates per batch (e.g. mini_batches=4 or ppo_epochs=2)."
+            )
+
+    @override
     def on_policy_loss(
         self, trainer: L.Trainer, pl_module: L.LightningModule, rollout: Rollout, step: PolicyLossStep
     ) -> Tensor | None:

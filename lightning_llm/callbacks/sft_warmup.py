@@ -13,11 +13,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.lm import labels_to_mask, target_logprobs
+from lightning_llm.rl import RLCallback
 
 __all__ = ["SFTWarmup"]
 
@@ -28,15 +29,18 @@ def _cycle(data: Any) -> Iterator[dict[str, Any]]:
         yield from data.train_dataloader()
 
 
-class SFTWarmup(Callback):
-    """Fine-tune ``pl_module.model`` on the task's reference completions for ``steps`` steps at fit start.
+class SFTWarmup(RLCallback):
+    """Fine-tune the policy on the task's reference completions for ``steps`` steps before RL starts.
 
-    Uses the same examples as the RL DataModule's training split (same task, parameters, seed and split, so
-    validation prompts stay unseen), rendered and masked by :class:`ChatSFTDataModule`. Its own AdamW (not the
-    RL optimiser, whose state stays untouched). Under DDP each rank trains on its shard and gradients are
-    averaged by hand (the warm-up runs outside the DDP wrapper). Runs once: the state records completion, so
-    a resumed run does not warm up again on top of an RL checkpoint. Under ``Trainer(fast_dev_run=n)`` it runs
-    at most ``n`` steps (``True``: 1), like every other loop of a fast dev run.
+    Uses the same examples as the RL DataModule's training split (same task, parameters, seed, split and system
+    prompt, so validation prompts stay unseen), rendered and masked by :class:`ChatSFTDataModule` with the
+    DataModule's tokenizer. ``GRPOModule`` runs the steps at its first training step, through the strategy:
+    the loss goes through ``manual_backward`` (gradients averaged by DDP, sharded by FSDP) and this warm-up's
+    AdamW is one of the module's optimizers (the RL optimiser's state stays untouched); the warm-up steps do not
+    count towards ``max_steps``. Runs once: the state records the steps done, so a resumed run does not warm up
+    again on top of an RL checkpoint. Under ``Trainer(fast_dev_run=n)`` it runs at most ``n`` steps (``True``:
+    1), like every other loop of a fast dev run. The reference policy of a KL penalty is the policy after the
+    warm-up (see ``GRPOModule``).
 
     With ``extra_tasks`` each step also trains on one batch of every extra synthetic task (``name →
     task_kwargs``), and the loss is the sum of the per-task token means: a skill the RL phase assumes but the
@@ -50,7 +54,10 @@ class SFTWarmup(Callback):
         batch_size: examples per warm-up step (per task).
         extra_tasks: other synthetic tasks to train on at each step, ``{name: task_kwargs}``.
         extra_num_train: examples of each extra task.
+        max_grad_norm: gradient clipping norm of the warm-up steps.
     """
+
+    is_warmup = True
 
     def __init__(
         self,
@@ -59,9 +66,12 @@ class SFTWarmup(Callback):
         batch_size: int = 32,
         extra_tasks: dict[str, dict[str, Any]] | None = None,
         extra_num_train: int = 4096,
+        max_grad_norm: float = 1.0,
     ) -> None:
-        if steps < 0 or lr <= 0 or batch_size < 1 or extra_num_train < 1:
-            raise ValueError("need steps >= 0, lr > 0, batch_size >= 1 and extra_num_train >= 1")
+        if steps < 0 or lr <= 0 or batch_size < 1 or extra_num_train < 1 or max_grad_norm <= 0:
+            raise ValueError(
+                "need steps >= 0, lr > 0, batch_size >= 1, extra_num_train >= 1 and max_grad_norm > 0"
+            )
         from lightning_llm.datamodules.tasks import get_task
 
         for name, kwargs in (extra_tasks or {}).items():
@@ -71,32 +81,55 @@ class SFTWarmup(Callback):
         self.steps = steps
         self.lr = lr
         self.batch_size = batch_size
+        self.max_grad_norm = max_grad_norm
+        self.steps_done = 0
         self.done = False
         self.final_loss: float | None = None
+        self._streams: list[Iterator[dict[str, Any]]] | None = None
 
     @override
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.done or self.steps == 0:
-            return
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.steps and getattr(trainer.datamodule, "task", None) is None:
+            raise ValueError("SFTWarmup needs a DataModule built from a synthetic task (data.task)")
+
+    def remaining(self, trainer: L.Trainer) -> int:
+        """Warm-up steps still to run (0 once done, or for a resumed run that had finished its warm-up)."""
+        if self.done:
+            return 0
+        steps = min(self.steps, int(trainer.fast_dev_run)) if trainer.fast_dev_run else self.steps
+        left = steps - self.steps_done
+        if left <= 0:
+            self.done = True
+            if self.steps_done:
+                rank_zero_info(f"SFTWarmup: {self.steps_done} steps, final loss {self.final_loss:.4f}")
+        return max(0, left)
+
+    def warmup_loss(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Tensor:
+        """The loss of the next warm-up step: the sum over tasks of the token-mean NLL of one batch each."""
+        if self._streams is None:
+            self._streams = [_cycle(data) for data in self._sources(trainer)]
+        loss = torch.zeros((), device=pl_module.device)
+        for stream in self._streams:
+            batch = {k: v.to(pl_module.device) for k, v in next(stream).items()}
+            mask = labels_to_mask(batch["input_ids"], batch["labels"])
+            logprobs, _ = target_logprobs(pl_module.model, batch["input_ids"], batch["attention_mask"], mask)
+            loss = loss - logprobs.mean()
+        return loss
+
+    def step_done(self, loss: Tensor) -> None:
+        self.steps_done += 1
+        self.final_loss = float(loss)
+
+    def _sources(self, trainer: L.Trainer) -> list[Any]:
         from lightning_llm.datamodules import ChatSFTDataModule
 
         source = trainer.datamodule
-        if getattr(source, "task", None) is None:
-            raise ValueError("SFTWarmup needs a DataModule built from a synthetic task (data.task)")
-        keys = (
-            "task",
-            "task_kwargs",
-            "tokenizer",
-            "system_prompt",
-            "num_train",
-            "num_val",
-            "seed",
-            "max_length",
-        )
+        keys = ("task", "task_kwargs", "system_prompt", "num_train", "num_val", "seed", "max_length")
+        tokenizer = source.tokenizer
         data = ChatSFTDataModule(**{k: source.hparams[k] for k in keys}, batch_size=self.batch_size)
         sources = [data]
         for name, kwargs in self.extra_tasks.items():
-            shared = {k: source.hparams[k] for k in ("tokenizer", "num_val", "seed", "max_length")}
+            shared = {k: source.hparams[k] for k in ("num_val", "seed", "max_length")}
             sources.append(
                 ChatSFTDataModule(
                     task=name,
@@ -107,39 +140,16 @@ class SFTWarmup(Callback):
                 )
             )
         for each in sources:
+            each.use_tokenizer(tokenizer)
             each.setup("fit")
-        steps = min(self.steps, int(trainer.fast_dev_run)) if trainer.fast_dev_run else self.steps
-        model = pl_module.model
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=0.0)
-        model.train()
-        step, loss = 0, torch.zeros(())
-        streams = [_cycle(each) for each in sources]
-        while step < steps:
-            loss = torch.zeros((), device=pl_module.device)
-            for stream in streams:
-                batch = {k: v.to(pl_module.device) for k, v in next(stream).items()}
-                mask = labels_to_mask(batch["input_ids"], batch["labels"])
-                logprobs, _ = target_logprobs(model, batch["input_ids"], batch["attention_mask"], mask)
-                loss = loss - logprobs.mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if trainer.world_size > 1:
-                for p in params:
-                    if p.grad is not None:
-                        p.grad = trainer.strategy.reduce(p.grad, reduce_op="mean")
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            step += 1
-        self.done = True
-        self.final_loss = float(loss.detach())
-        rank_zero_info(f"SFTWarmup: {steps} steps, final loss {self.final_loss:.4f}")
+        return sources
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"done": self.done, "final_loss": self.final_loss}
+        return {"done": self.done, "steps_done": self.steps_done, "final_loss": self.final_loss}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.done = bool(state_dict["done"])
+        self.steps_done = int(state_dict.get("steps_done", self.steps if self.done else 0))
         self.final_loss = state_dict.get("final_loss")

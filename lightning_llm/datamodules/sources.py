@@ -326,6 +326,15 @@ class ExampleDataModule(L.LightningDataModule, ABC):
             self._tokenizer = tokenizer
         return self._tokenizer
 
+    def use_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Tokenize with this tokenizer object (e.g. a DataModule built inside another one's ``setup``, which has
+        no Trainer of its own to take the model's from); call before :meth:`setup`."""
+        if self._train_data is not None:
+            raise RuntimeError(f"{type(self).__name__}: use_tokenizer() must come before setup()")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
+        self._tokenizer = tokenizer
+
     @property
     def train_items(self) -> list[Any]:
         """The built training items (after :meth:`setup`), in their stored order."""

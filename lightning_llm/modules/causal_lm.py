@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbones import eval_mode, load_backbone
+from lightning_llm.backbones import eval_mode
 from lightning_llm.lm import (
     adamw,
-    apply_lora_config,
-    check_fused_compatible,
     global_mean,
     labels_to_mask,
     save_backbone,
     target_logprobs,
 )
 from lightning_llm.lora import LoRAConfig
+from lightning_llm.modules.base import BackboneModule
 
 __all__ = ["CausalLMModule", "warmup_cosine"]
 
@@ -34,7 +33,7 @@ def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> float
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class CausalLMModule(L.LightningModule):
+class CausalLMModule(BackboneModule):
     r"""Masked next-token training: :math:`\mathcal{L} = -\frac{1}{|M|}\sum_{t \in M} \log \pi_\theta(y_t \mid y_{<t})`.
 
     ``M`` is the set of label tokens over the *whole* global batch: under DDP each rank divides its summed
@@ -85,20 +84,9 @@ class CausalLMModule(L.LightningModule):
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
         self.save_hyperparameters(ignore=["lora"])
-        self.model, self.tokenizer = load_backbone(model, dtype=dtype, trust_remote_code=trust_remote_code)
-        check_fused_compatible(self.model)
         # Stored as plain fields so checkpoints stay loadable with weights_only=True.
-        self.hparams["lora"] = apply_lora_config(self.model, lora)
-        self.model.train()  # from_pretrained returns eval mode; Lightning keeps submodules' modes as found
-        if gradient_checkpointing:
-            # transformers 5 renamed the method (and its kwargs); 4.x only has the old name.
-            if hasattr(self.model, "activation_checkpointing_enable"):
-                self.model.activation_checkpointing_enable({"use_reentrant": False})
-            else:
-                self.model.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs={"use_reentrant": False}
-                )
-            self.model.config.use_cache = False
+        self.hparams["lora"] = dataclasses.asdict(lora) if isinstance(lora, LoRAConfig) else lora
+        self._init_tokenizer()
 
     # ------------------------------------------------------------------------------------------- loss
 

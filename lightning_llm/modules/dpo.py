@@ -2,7 +2,6 @@ r"""Direct Preference Optimization (Rafailov et al., 2023) on preference pairs o
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -10,10 +9,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbones import load_backbone
-from lightning_llm.lm import apply_lora_config, global_mean, labels_to_mask, target_logprobs
-from lightning_llm.lora import LoRAConfig
+from lightning_llm.lm import global_mean, labels_to_mask, target_logprobs
+from lightning_llm.lora import LoRAConfig, lora_layers
 from lightning_llm.modules.causal_lm import CausalLMModule
+from lightning_llm.modules.reference import ReferencePolicy
 
 __all__ = ["DPOModule", "dpo_loss", "sequence_logprobs"]
 
@@ -74,13 +73,18 @@ class DPOModule(CausalLMModule):
     r"""DPO: fit a policy to preferences :math:`y_w \succ y_l` without a reward model.
 
     The loss is :func:`dpo_loss`, averaged over every pair of the global batch (all-reduced under DDP). The
-    reference :math:`\pi_{ref}` is a frozen copy of the initial policy (the usual SFT model), or the backbone
-    ``reference_model`` names. Both sides of a pair go through one forward (stacked), the reference's through
-    one more under ``no_grad``; sequence log-probs use the fused log-prob kernel, so no logits tensor is built.
+    reference :math:`\pi_{ref}` is the initial policy — with LoRA the policy's base with its adapters switched off
+    (no second copy, as PEFT and TRL do), otherwise a frozen copy loaded from ``model`` — or the backbone
+    ``reference_model`` names. It is never written into checkpoints (see
+    :class:`~lightning_llm.modules.reference.ReferencePolicy`). Both sides of a pair go through one forward
+    (stacked), the reference's through one more under ``no_grad``; sequence log-probs use the fused log-prob
+    kernel, so no logits tensor is built.
 
-    With ``sft_weight`` :math:`\alpha > 0` the loss adds :math:`\alpha` times the per-token NLL of the chosen
-    response (RPO, Pang et al. 2024; TRL's ``rpo_alpha``): small models trained by DPO alone tend to lower the
-    likelihood of *both* responses until their text degrades, and the NLL term anchors the chosen one.
+    With ``sft_weight`` :math:`\alpha > 0` the loss adds :math:`\alpha` times the NLL of the chosen responses,
+    averaged over all chosen tokens of the global batch (Pang et al. 2024's RPO term, with TRL's normalisation:
+    ``DPOTrainer(loss_type=["sigmoid", "sft"], loss_weights=[1, alpha])``): small models trained by DPO alone tend
+    to lower the likelihood of *both* responses until their text degrades, and the NLL term anchors the chosen
+    one.
 
     Logs ``{stage}/loss``, ``{stage}/dpo_loss``, ``{stage}/sft_loss``, ``{stage}/reward_chosen``, ``{stage}/reward_rejected``, ``{stage}/margin`` (their
     difference) and ``{stage}/pair_accuracy`` (share of pairs with margin > 0). Batches come from
@@ -93,9 +97,9 @@ class DPOModule(CausalLMModule):
         beta: :math:`\beta`, the strength of the implicit KL constraint to the reference (paper: 0.1–0.5).
         label_smoothing: :math:`\varepsilon` of conservative DPO; 0 is the standard loss.
         sft_weight: :math:`\alpha`, weight of the chosen responses' per-token NLL; 0 is plain DPO.
-        reference_model: Backbone of :math:`\pi_{ref}`; ``None`` copies the initial policy.
+        reference_model: Backbone of :math:`\pi_{ref}`; ``None``: the initial policy.
         lr: Peak AdamW learning rate (DPO uses small ones: 5e-7–5e-6 for billion-parameter models).
-        lora: Train a LoRA adapter; the reference stays the un-adapted model.
+        lora: Train a LoRA adapter; the reference is then the base with adapters off (unless ``reference_model``).
         **kwargs: The other arguments of :class:`~lightning_llm.modules.CausalLMModule` (schedule, dtype,
             ``save_dir``...).
     """
@@ -118,23 +122,20 @@ class DPOModule(CausalLMModule):
             raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
         if sft_weight < 0:
             raise ValueError(f"sft_weight must be >= 0, got {sft_weight}")
-        super().__init__(model, lr=lr, lora=None, **kwargs)
-        hp = self.hparams
-        if reference_model is None:
-            reference = copy.deepcopy(self.model)
-        else:
-            reference, _ = load_backbone(
-                reference_model, dtype=hp.dtype, trust_remote_code=hp.trust_remote_code
-            )
-        self.ref_model = reference.eval().requires_grad_(False)
-        # After the reference copy, so the reference stays the un-adapted model.
-        self.hparams["lora"] = apply_lora_config(self.model, lora)
+        super().__init__(model, lr=lr, lora=lora, **kwargs)
+        self.reference = ReferencePolicy()
 
-    @override
-    def train(self, mode: bool = True) -> DPOModule:
-        super().train(mode)
-        self.ref_model.eval()  # never dropout in the reference, whatever Lightning toggles
-        return self
+    def _reference(self) -> ReferencePolicy:
+        """The reference, set up on first use (after the policy is built, on its device)."""
+        if not self.reference.ready:
+            hp = self.hparams
+            if hp.reference_model is None and lora_layers(self.model) and not _base_modified(self.model):
+                self.reference.use_adapters_off(self.model)
+            else:
+                self.reference.load(
+                    hp.reference_model or hp.model, dtype=hp.dtype, trust_remote_code=hp.trust_remote_code
+                )
+        return self.reference
 
     def pair_logprobs(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """``(policy_chosen, policy_rejected, ref_chosen, ref_rejected, chosen_lengths)``, each ``[B]``."""
@@ -149,38 +150,53 @@ class DPOModule(CausalLMModule):
         labels = torch.cat([batch["chosen_labels"], batch["rejected_labels"]])
         chunk = self.hparams.logprob_chunk_size
         policy, lengths = sequence_logprobs(self.model, ids, attention, labels, chunk_size=chunk)
-        with torch.no_grad():
-            ref, _ = sequence_logprobs(self.ref_model, ids, attention, labels, chunk_size=chunk)
+        with torch.no_grad(), self._reference().model(self.model) as reference:
+            ref, _ = sequence_logprobs(reference, ids, attention, labels, chunk_size=chunk)
         n = batch["chosen_input_ids"].shape[0]
         return policy[:n], policy[n:], ref[:n], ref[n:], lengths[:n]
 
     def pair_losses(self, batch: dict[str, Any]) -> dict[str, Tensor]:
-        """Per-pair ``loss`` (DPO + ``sft_weight`` × chosen NLL, with grad), ``dpo_loss``, ``sft_loss``,
-        ``reward_chosen`` and ``reward_rejected`` (detached), each ``[B]``."""
+        """Per-pair ``dpo_loss`` (with grad), ``reward_chosen`` and ``reward_rejected`` (detached), each ``[B]``; the
+        chosen responses' summed NLL ``sft_nll`` (with grad) and token count ``sft_tokens``, scalars."""
         hp = self.hparams
         *logprobs, lengths = self.pair_logprobs(batch)
         pair_loss, chosen, rejected = dpo_loss(*logprobs, beta=hp.beta, label_smoothing=hp.label_smoothing)
-        sft = -logprobs[0] / lengths.clamp(min=1)
         return {
-            "loss": pair_loss + hp.sft_weight * sft,
-            "dpo_loss": pair_loss.detach(),
-            "sft_loss": sft.detach(),
+            "dpo_loss": pair_loss,
             "reward_chosen": chosen,
             "reward_rejected": rejected,
+            "sft_nll": -logprobs[0].sum(),
+            "sft_tokens": lengths.sum(),
         }
 
-    def _step(self, batch: dict[str, Any], stage: str) -> Tensor:
+    def objective(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """(loss to backpropagate, logged values): the pair-mean DPO loss plus ``sft_weight`` times the chosen
+        tokens' mean NLL, both over the global batch."""
         out = self.pair_losses(batch)
-        loss = out["loss"]
-        n = loss.shape[0]
-        total, logged = global_mean(loss.sum(), torch.tensor(float(n), device=loss.device), self._trainer)
+        n = out["dpo_loss"].shape[0]
+        dpo, dpo_logged = global_mean(
+            out["dpo_loss"].sum(), torch.tensor(float(n), device=self.device), self._trainer
+        )
+        sft, sft_logged = global_mean(out["sft_nll"], out["sft_tokens"], self._trainer)
         margin = out["reward_chosen"] - out["reward_rejected"]
-        kwargs = {"batch_size": n, "sync_dist": self.trainer.world_size > 1}
-        self.log(f"{stage}/loss", logged, prog_bar=True, batch_size=n)
-        for name in ("dpo_loss", "sft_loss", "reward_chosen", "reward_rejected"):
-            self.log(f"{stage}/{name}", out[name].mean(), **kwargs)
-        self.log(f"{stage}/margin", margin.mean(), **kwargs)
-        self.log(f"{stage}/pair_accuracy", (margin > 0).float().mean(), **kwargs)
+        logged = {
+            "loss": dpo_logged + self.hparams.sft_weight * sft_logged,
+            "dpo_loss": dpo_logged,
+            "sft_loss": sft_logged,
+            "reward_chosen": out["reward_chosen"].mean(),
+            "reward_rejected": out["reward_rejected"].mean(),
+            "margin": margin.mean(),
+            "pair_accuracy": (margin > 0).float().mean(),
+        }
+        return dpo + self.hparams.sft_weight * sft, logged
+
+    def _step(self, batch: dict[str, Any], stage: str) -> Tensor:
+        total, logged = self.objective(batch)
+        n = batch["chosen_input_ids"].shape[0]
+        for name, value in logged.items():
+            # loss, dpo_loss and sft_loss are global means already (all-reduced inside global_mean)
+            sync = name not in ("loss", "dpo_loss", "sft_loss") and self.trainer.world_size > 1
+            self.log(f"{stage}/{name}", value, prog_bar=name == "loss", batch_size=n, sync_dist=sync)
         return total
 
     @override
@@ -194,3 +210,7 @@ class DPOModule(CausalLMModule):
     @override
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._step(batch, "test")
+
+
+def _base_modified(model: torch.nn.Module) -> bool:
+    return any(bool(layer.base_modified) for layer in lora_layers(model).values())

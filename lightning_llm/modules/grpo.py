@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbones import load_backbone
+from lightning_llm.backbones import load_model
 from lightning_llm.envs import Environment
 from lightning_llm.lm import (
     adamw,
-    apply_lora_config,
-    check_fused_compatible,
     global_mean,
     save_backbone,
     target_logprobs,
 )
-from lightning_llm.lora import LoRAConfig
+from lightning_llm.lora import LoRAConfig, fold_adapters, lora_layers
+from lightning_llm.modules.base import BackboneModule
 from lightning_llm.modules.causal_lm import warmup_cosine
-from lightning_llm.rewards import RewardFn, get_reward
+from lightning_llm.modules.reference import ReferencePolicy
+from lightning_llm.rewards import RewardFn, get_reward, reward_names
 from lightning_llm.rl import (
     HFEngine,
     PolicyLossStep,
@@ -65,7 +65,7 @@ def group_advantages(
     return centred / (std[group_ids] + eps)
 
 
-class GRPOModule(L.LightningModule):
+class GRPOModule(BackboneModule):
     r"""GRPO: sample a group of completions per prompt, score them, and push up the better-than-group ones.
 
     For each prompt :math:`q` a group of :math:`G` completions is sampled; rewards are combined
@@ -79,6 +79,20 @@ class GRPOModule(L.LightningModule):
     with the k3 estimator :math:`\mathbb{D}_{KL,t} = e^{r_t} - r_t - 1,\ r_t = \log\pi_{ref} - \log\pi_\theta`,
     aggregated as a token mean over the (global) batch or a mean of per-sequence means. Each rollout batch is
     used for ``ppo_epochs × mini_batches`` updates with the rollout-time log-probs as :math:`\pi_{old}`.
+    Every policy quantity (log-probs, ratio, entropy, KL) is computed at the sampling ``temperature``, i.e. from
+    ``logits / T``, as TRL does: the ratio is then between the distributions the tokens were drawn from.
+
+    The reference :math:`\pi_{ref}` (``beta > 0``) is the policy as it stands when RL starts, after any warm-up
+    callback (:class:`~lightning_llm.callbacks.SFTWarmup`): with LoRA the policy's base with its adapters off (a
+    warm-up's adapter update is first folded into the base, so the KL is exactly 0 at the first RL step) — no
+    second copy —; otherwise a frozen copy. It is never a submodule: checkpoints do not carry it, except the one
+    case where nothing else holds its weights (full fine-tuning after a warm-up), and a resumed run rebuilds it
+    exactly (:class:`~lightning_llm.modules.reference.ReferencePolicy`).
+
+    Warm-up callbacks run through the strategy: at the first training step the module takes their batches, its
+    backward goes through ``manual_backward`` (gradient sync under DDP/FSDP) and their own AdamW is one of the
+    module's optimizers (checkpointed and sharded with the others); its steps do not count towards
+    ``max_steps``, which counts RL updates.
 
     The module knows no method: :class:`~lightning_llm.rl.RLCallback` s in ``trainer.callbacks`` swap
     prompts (``on_rollout_start``), reshape rollouts (``on_rollout_end``) and add loss terms or drop tokens
@@ -93,12 +107,12 @@ class GRPOModule(L.LightningModule):
         reward_weights: one weight per reward (default all 1).
         group_size: completions per prompt (G).
         max_new_tokens: generation budget per completion (per turn with an environment).
-        temperature: sampling temperature of rollouts.
+        temperature: sampling temperature of rollouts (> 0); the policy's log-probs use it too.
         top_p: nucleus sampling of rollouts.
         scale_rewards: advantage normalisation, see :func:`group_advantages`.
         epsilon: lower clip range ε.
         epsilon_high: upper clip range (``None``: same as ``epsilon``; DAPO's clip-higher uses 0.28).
-        beta: KL coefficient; 0 (default) loads no reference model at all.
+        beta: KL coefficient; 0 (default) uses no reference model at all.
         entropy_coef: coefficient :math:`c_H` of an entropy bonus, ``loss − c_H · mean_t H_t`` over the kept
             tokens (LARFT uses 0.01; 0, the default, adds nothing).
         loss_aggregation: ``"token-mean"`` over all trainable tokens of the global mini-batch, or
@@ -175,25 +189,49 @@ class GRPOModule(L.LightningModule):
             )
         if beta < 0 or lr <= 0 or max_grad_norm < 0 or entropy_coef < 0:
             raise ValueError("beta, entropy_coef and max_grad_norm must be >= 0 and lr > 0")
+        if not temperature > 0 or not 0 < top_p <= 1:
+            raise ValueError(f"need temperature > 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        if max_new_tokens < 1 or (eval_max_new_tokens is not None and eval_max_new_tokens < 1):
+            raise ValueError(
+                f"max_new_tokens and eval_max_new_tokens must be >= 1, got {max_new_tokens}, {eval_max_new_tokens}"
+            )
+        for spec in rewards:
+            if isinstance(spec, str) and spec not in ("task", "env"):
+                get_reward(
+                    spec
+                )  # an unknown (or unregistered, on reload) name fails here, not at the first step
         self.save_hyperparameters(ignore=["env", "rewards", "lora"])
         self.hparams["env"] = env if isinstance(env, str) else None
+        # Names of registered rewards (strings, or callables registered with register_reward) reload with the
+        # checkpoint; an unregistered callable cannot, so load_from_checkpoint must be given `rewards=` then.
+        self.hparams["rewards"] = reward_names(rewards)
+        self.hparams["lora"] = dataclasses.asdict(lora) if isinstance(lora, LoRAConfig) else lora
         self.automatic_optimization = False  # several updates per rollout batch
         self.reward_specs = rewards
         self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(rewards)
         self.env = env
-        self.model, self.tokenizer = load_backbone(model, dtype=dtype, trust_remote_code=trust_remote_code)
-        check_fused_compatible(self.model)
-        self.model.train()
-        self.ref_model = None
-        if beta > 0:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        # After the reference copy, so the reference stays the pretrained model.
-        self.hparams["lora"] = apply_lora_config(self.model, lora)
-        self.engine: RolloutEngine = HFEngine(self.model)
+        self._init_tokenizer()
+        self._engine: RolloutEngine | None = None
         self._reward_fns: list[tuple[str, Any]] | None = None
+        self.reference = ReferencePolicy()
+        self._pending_reference: dict[str, Any] | None = None
+        self._warned: set[str] = set()
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The rollout generator: ``model.generate`` (:class:`~lightning_llm.rl.HFEngine`) unless replaced."""
+        if self._engine is None:
+            self._engine = HFEngine(self.model)
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: RolloutEngine) -> None:
+        self._engine = engine
 
     @override
     def setup(self, stage: str) -> None:
+        for cb in self._rl_callbacks():
+            cb.check(self.trainer, self)
         if self.env == "task":
             task = getattr(self.trainer.datamodule, "task", None)
             make_env = getattr(task, "make_env", None)
@@ -290,6 +328,7 @@ class GRPOModule(L.LightningModule):
             rollout.attention_mask[rows],
             rollout.loss_mask[rows],
             chunk_size=self.hparams.logprob_chunk_size,
+            temperature=self.hparams.temperature,
             with_dynamics=dynamics,
         )
 
@@ -304,11 +343,16 @@ class GRPOModule(L.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         hp = self.hparams
         callbacks = self._rl_callbacks()
+        optimizer, *warmup_optimizers = self._all_optimizers()
+        self._run_warmups(warmup_optimizers)
+        if hp.beta > 0 and not self.reference.ready:
+            self._set_reference()
         for cb in callbacks:
             batch = cb.on_rollout_start(self.trainer, self, batch) or batch
         rollout = self.make_rollout(
             batch, group_size=hp.group_size, sampling=Sampling(hp.max_new_tokens, hp.temperature, hp.top_p)
         )
+        self._warn_if_no_signal(rollout)
         batch_std = None
         if hp.scale_rewards == "batch" and self.trainer.world_size > 1:
             batch_std = self.all_gather(rollout.rewards).reshape(-1).std()
@@ -323,14 +367,14 @@ class GRPOModule(L.LightningModule):
                 rollout.old_logprobs = self._dense(
                     rollout, self._token_stats(self.model, rollout, all_rows)[0]
                 )
-            if self.ref_model is not None:
-                rollout.ref_logprobs = self._dense(
-                    rollout, self._token_stats(self.ref_model, rollout, all_rows)[0]
-                )
+            if hp.beta > 0:
+                with self.reference.model(self.model) as reference:
+                    rollout.ref_logprobs = self._dense(
+                        rollout, self._token_stats(reference, rollout, all_rows)[0]
+                    )
         for cb in callbacks:
             rollout = cb.on_rollout_end(self.trainer, self, rollout) or rollout
 
-        optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         order = torch.Generator().manual_seed(int(self.global_step) * 7919 + 17)  # resumable shuffling
         stats: dict[str, list[Tensor]] = {}
@@ -354,6 +398,72 @@ class GRPOModule(L.LightningModule):
         for k, v in stats.items():
             self.log(f"train/{k}", torch.stack(v).float().mean(), batch_size=rollout.num_rows)
         self.log("train/lr", float(optimizer.param_groups[0]["lr"]), batch_size=rollout.num_rows)
+
+    def _warn_if_no_signal(self, rollout: Rollout) -> None:
+        """Warn once (rank zero) when every group of a rollout batch scored its completions alike: all advantages
+        are 0 and the update trains nothing (``train/frac_reward_zero_std`` logs the fraction every step)."""
+        grouped = rollout.rewards.view(-1, self.hparams.group_size)
+        if "no-signal" in self._warned or bool((grouped.std(dim=1) >= 1e-6).any()):
+            return
+        self._warned.add("no-signal")
+        rank_zero_warn(
+            f"GRPOModule: every group of this rollout batch got identical rewards (mean {float(rollout.rewards.mean()):.3f}), "
+            "so every advantage is 0 and the policy gradient is 0; if this persists, nothing trains. A pretrained "
+            "model that never writes the expected answer format does this: state the format (the DataModule's "
+            "system_prompt='task'), warm up first (SFTWarmup), or add a shaping reward such as 'format'."
+        )
+
+    def _all_optimizers(self) -> list[Any]:
+        optimizers = self.optimizers()
+        return list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+
+    def _warmups(self) -> list[Any]:
+        """Callbacks that train the policy before RL (``SFTWarmup``), each with one optimizer of its own."""
+        return [cb for cb in self._rl_callbacks() if cb.is_warmup]
+
+    def _run_warmups(self, optimizers: Sequence[Any]) -> None:
+        """Each warm-up's remaining steps: its loss through ``manual_backward``, its own AdamW (stepped directly,
+        so the steps do not count towards ``max_steps``), gradients clipped at its norm."""
+        for cb, optimizer in zip(self._warmups(), optimizers, strict=True):
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            while cb.remaining(self.trainer) > 0:
+                loss = cb.warmup_loss(self.trainer, self)
+                optimizer.zero_grad(set_to_none=True)
+                self.manual_backward(loss)
+                torch.nn.utils.clip_grad_norm_(params, cb.max_grad_norm)
+                optimizer.optimizer.step()
+                cb.step_done(loss.detach())
+
+    def _fresh_model(self) -> torch.nn.Module:
+        """A newly loaded, unsharded copy of the backbone (on this module's device), sized to its tokenizer."""
+        hp = self.hparams
+        model = load_model(hp.model, dtype=hp.dtype, trust_remote_code=hp.trust_remote_code)
+        if len(self.tokenizer) > model.get_input_embeddings().weight.shape[0]:
+            model.resize_token_embeddings(len(self.tokenizer), mean_resizing=True)
+        return model.to(self.device)
+
+    def _set_reference(self) -> None:
+        """π_ref = the policy as RL starts (see the class docstring), or as recorded in the resumed checkpoint."""
+        hp = self.hparams
+        if self._pending_reference is not None:
+            self.reference.restore(
+                self._pending_reference,
+                self.model,
+                dtype=hp.dtype,
+                trust_remote_code=hp.trust_remote_code,
+                build=self._fresh_model,
+            )
+            self._pending_reference = None
+            return
+        warmed_up = any(cb.steps_done > 0 for cb in self._warmups())
+        if lora_layers(self.model):
+            if warmed_up:
+                fold_adapters(self.model)  # the base becomes the warmed-up policy, the adapters restart at 0
+            self.reference.use_adapters_off(self.model)
+        elif warmed_up:
+            self.reference.snapshot(self.model, build=self._fresh_model)
+        else:
+            self.reference.load(hp.model, dtype=hp.dtype, trust_remote_code=hp.trust_remote_code)
 
     def policy_loss(
         self,
@@ -496,26 +606,34 @@ class GRPOModule(L.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: warmup_cosine(step, total, warmup, hp.min_lr_ratio)
         )
-        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        warmups = [torch.optim.AdamW(trainable, lr=cb.lr, weight_decay=0.0) for cb in self._warmups()]
+        return [optimizer, *warmups], [scheduler]
 
     # --------------------------------------------------------------------------- checkpoints, artefacts
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Sampling draws from the global RNG: keep it, so a resumed run samples the same rollouts.
+        # Sampling draws from the global RNGs: keep them, so a resumed run samples the same rollouts.
         checkpoint["grpo_rng_state"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            checkpoint["grpo_cuda_rng_state"] = torch.cuda.get_rng_state_all()
+        if self.reference.ready:
+            checkpoint["grpo_reference"] = self.reference.state()  # weights only for a post-warm-up snapshot
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if "grpo_rng_state" in checkpoint:
-            self._pending_rng = checkpoint["grpo_rng_state"]
+        self._pending_rng = (checkpoint.get("grpo_rng_state"), checkpoint.get("grpo_cuda_rng_state"))
+        self._pending_reference = checkpoint.get("grpo_reference")
 
     @override
     def on_train_start(self) -> None:
-        pending = getattr(self, "_pending_rng", None)
-        if pending is not None:
-            torch.set_rng_state(pending)
-            self._pending_rng = None
+        cpu, cuda = getattr(self, "_pending_rng", None) or (None, None)
+        if cpu is not None:
+            torch.set_rng_state(cpu)
+        if cuda is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(cuda)
+        self._pending_rng = None
 
     @override
     def on_fit_end(self) -> None:

@@ -26,9 +26,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
@@ -36,12 +35,15 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_llm.backbones import load_backbone
 from lightning_llm.backbones.inspect import cache_kwarg
 from lightning_llm.eviction.base import BudgetedCache, check_model
 from lightning_llm.eviction.indexer import IndexerPolicy, LightningIndexer, attention_input, indexer_kl
 from lightning_llm.eviction.memory import LatentMemory
 from lightning_llm.lm import IGNORE_INDEX, adamw
+from lightning_llm.modules.base import BackboneModule
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["IndexMemModule", "attention_target"]
 
@@ -50,7 +52,7 @@ _CONFIG_FILE = "indexmem_config.json"
 _WEIGHTS_FILE = "indexmem_weights.safetensors"
 
 
-class IndexMemModule(L.LightningModule):
+class IndexMemModule(BackboneModule):
     """A frozen decoder plus a trainable per-layer eviction indexer and latent-memory gate.
 
     After training, :meth:`policy` gives the :class:`~lightning_llm.eviction.IndexerPolicy` and :attr:`memory` the
@@ -121,17 +123,36 @@ class IndexMemModule(L.LightningModule):
         if target not in _TARGETS:
             raise ValueError(f"target must be one of {_TARGETS}, got {target!r}")
         self.save_hyperparameters()
-        self.model, self.tokenizer = load_backbone(model, trust_remote_code=trust_remote_code)
-        self.model.set_attn_implementation("eager")
-        self.model.requires_grad_(False)
-        self.model.eval()
-        check_model(self.model, needs_attention=True)
-        config = self.model.config.get_text_config(decoder=True)
+        self._init_tokenizer()
+
+    @override
+    def prepare_model(self, model: PreTrainedModel) -> PreTrainedModel:
+        """The frozen backbone (eager attention, so its attention probabilities exist), and beside it the
+        trainable indexers and memory gates sized from it."""
+        hp = self.hparams
+        model.set_attn_implementation("eager")
+        model.requires_grad_(False)
+        model.eval()
+        check_model(model, needs_attention=True)
+        config = model.config.get_text_config(decoder=True)
         self.indexers = nn.ModuleList(
-            LightningIndexer(config.hidden_size, indexer_heads, indexer_dim)
+            LightningIndexer(config.hidden_size, hp.indexer_heads, hp.indexer_dim)
             for _ in range(config.num_hidden_layers)
         )
-        self.memory = LatentMemory.for_model(self.model, gate_bias=gate_bias, mode=memory_mode)
+        self.memory = LatentMemory.for_model(model, gate_bias=hp.gate_bias, mode=hp.memory_mode)
+        return model
+
+    @property
+    def indexers(self) -> nn.ModuleList:
+        """One :class:`~lightning_llm.eviction.LightningIndexer` per decoder layer (built with the model)."""
+        self.configure_model()
+        return self._modules["indexers"]
+
+    @property
+    def memory(self) -> LatentMemory:
+        """The :class:`~lightning_llm.eviction.LatentMemory` (built with the model)."""
+        self.configure_model()
+        return self._modules["memory"]
 
     # ------------------------------------------------------------------------------------------- inference
 
@@ -159,7 +180,8 @@ class IndexMemModule(L.LightningModule):
     @override
     def train(self, mode: bool = True) -> IndexMemModule:
         super().train(mode)
-        self.model.eval()  # frozen: no dropout, whatever Lightning asks
+        if self.model_built:
+            self.model.eval()  # frozen: no dropout, whatever Lightning asks
         return self
 
     # ------------------------------------------------------------------------------------------- losses

@@ -212,14 +212,13 @@ class LatentThoughtsModule(CausalLMModule):
         self._latent_stats: list[Tensor] = []
 
     def _ensure_thinking_token(self) -> int:
-        """The ``<thinking>`` id; added to a tokenizer that lacks it (and the embeddings resized)."""
+        """The ``<thinking>`` id; added to a tokenizer that lacks it (the model's embeddings follow when it is built)."""
         tokenizer = self.tokenizer
         token_id = tokenizer.convert_tokens_to_ids(THINKING_TOKEN)
         if token_id is None or token_id == tokenizer.unk_token_id:
             tokenizer.add_tokens([THINKING_TOKEN], special_tokens=False)
             token_id = tokenizer.convert_tokens_to_ids(THINKING_TOKEN)
-        if token_id >= self.model.get_input_embeddings().weight.shape[0]:
-            self.model.resize_token_embeddings(len(tokenizer))
+        # configure_model resizes the embeddings to the tokenizer (the new row: the mean of the others)
         return int(token_id)
 
     # ----------------------------------------------------------------------------------------- forward

@@ -83,6 +83,7 @@ class RLCallback(Callback):
     """Base class of RL method callbacks (see the module docstring for when each hook runs).
 
     Class attributes:
+        is_warmup: see below.
         needs_entropy_dynamics: set to ``True`` to have ``GRPOModule`` compute ``s_target``/``n_term`` in the
             same fused pass as the log-probs.
         needs_old_logprobs: set to ``True`` if ``on_rollout_end`` needs ``rollout.old_logprobs``. With a single
@@ -91,6 +92,12 @@ class RLCallback(Callback):
 
     needs_entropy_dynamics: bool = False
     needs_old_logprobs: bool = False
+    #: Whether this callback trains the policy before RL (``SFTWarmup``): the module then gives it an optimizer
+    #: and calls its ``remaining`` / ``warmup_loss`` / ``step_done`` at the first training step.
+    is_warmup: bool = False
+
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Called in the module's ``setup``: raise if this callback can never act with this module's settings."""
 
     @property
     def name(self) -> str:

@@ -104,7 +104,8 @@ def test_generation_under_x_gen_loss_under_x_train(tiny_backbone, quiet_trainer)
         def on_policy_loss(self, trainer, pl_module, rollout, step):
             if not captured:
                 captured["gen_policy"] = _direct(pl_module.model, before.rollout, step.rows)
-                captured["gen_ref"] = _direct(pl_module.ref_model, before.rollout, step.rows)
+                with pl_module.reference.model(pl_module.model) as reference:
+                    captured["gen_ref"] = _direct(reference, before.rollout, step.rows)
                 captured["train_policy"] = _direct(pl_module.model, rollout, step.rows)
 
     data = PromptDataModule(task="gameable", num_train=4, num_val=0, batch_size=2)

@@ -274,11 +274,11 @@ def test_lora_restart_merges_and_resets(tiny_backbone, quiet_trainer):
     restart = LoRARestart(interval=2)
     monitor = UpdateRankMonitor(every=1)
     module = CausalLMModule(lr=1e-2, lora=_lora())
-    base_before = {n: layer.base_layer.weight.clone() for n, layer in lora_layers(module).items()}
+    base_before = {n: layer.base_layer.weight.clone() for n, layer in lora_layers(module.model).items()}
     quiet_trainer(max_steps=4, callbacks=[restart, monitor]).fit(module, _datamodule())
     assert restart.restarts == 2 and restart.optimizer_steps == 4
     optimizer = module.trainer.optimizers[0]
-    for name, layer in lora_layers(module).items():
+    for name, layer in lora_layers(module.model).items():
         assert torch.count_nonzero(layer.lora_B.weight) == 0  # just restarted
         assert layer.lora_B.weight not in optimizer.state  # moments dropped
         assert not torch.equal(layer.base_layer.weight, base_before[name])

@@ -30,7 +30,7 @@ def _warm(quiet_trainer, extra_tasks=None) -> tuple[GRPOModule, SFTWarmup]:
     data = PromptDataModule(
         task="length", task_kwargs={"min_words": 1, "max_words": 4}, num_train=256, num_val=8
     )
-    quiet_trainer(0, [warmup]).fit(module, data)
+    quiet_trainer(1, [warmup]).fit(module, data)  # the warm-up runs at the first training step
     return module, warmup
 
 

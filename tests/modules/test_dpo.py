@@ -63,37 +63,52 @@ def test_initial_loss_is_log2_and_training_separates_pairs(tiny_backbone, quiet_
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
     with torch.no_grad():
-        assert module.pair_losses(batch)["loss"].mean().item() == pytest.approx(
+        assert module.objective(batch)[0].item() == pytest.approx(
             math.log(2), abs=1e-5
         )  # policy == reference
-    ref_before = {k: v.clone() for k, v in module.ref_model.state_dict().items()}
+    with module.reference.model(module.model) as reference:
+        ref_before = {k: v.clone() for k, v in reference.state_dict().items()}
     recorder = LossRecorder()
     quiet_trainer(max_steps=12, callbacks=[recorder]).fit(module, data)
-    for key, value in module.ref_model.state_dict().items():
-        assert torch.equal(value, ref_before[key]), key  # the reference never moves
-    assert not module.ref_model.training
+    with module.reference.model(module.model) as reference:
+        for key, value in reference.state_dict().items():
+            assert torch.equal(value, ref_before[key]), key  # the reference never moves
+        assert not reference.training
     with torch.no_grad():
-        after = module.pair_losses(batch)["loss"].mean().item()
+        after = module.objective(batch)[0].item()
     assert after < math.log(2) - 0.1, after
     pc, pr, rc, rr, _ = module.pair_logprobs(batch)
     assert ((pc - rc) - (pr - rr) > 0).float().mean() > 0.7
 
 
-def test_sft_weight_adds_the_chosen_nll(tiny_backbone):
+def test_sft_weight_adds_the_chosen_tokens_mean_nll(tiny_backbone):
+    """As TRL's loss_type=["sigmoid", "sft"]: the NLL averaged over all chosen tokens of the batch."""
     data = _pairs()
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
     plain, anchored = DPOModule(), DPOModule(sft_weight=2.0)
     with torch.no_grad():
         pc, _, _, _, lengths = plain.pair_logprobs(batch)
-        expected = math.log(2) + 2.0 * (-pc / lengths).mean().item()
-        assert anchored.pair_losses(batch)["loss"].mean().item() == pytest.approx(expected, rel=1e-5)
+        expected = math.log(2) + 2.0 * (-pc.sum() / lengths.sum()).item()
+        assert anchored.objective(batch)[0].item() == pytest.approx(expected, rel=1e-5)
 
 
-def test_lora_reference_is_the_unadapted_model(tiny_backbone):
+def test_lora_reference_is_the_base_with_adapters_off_and_no_copy(tiny_backbone):
+    L.seed_everything(0)
     module = DPOModule(lora=LoRAConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    assert lora_layers(module.model) and not lora_layers(module.ref_model)
-    assert not any(p.requires_grad for p in module.ref_model.parameters())
+    with torch.no_grad():
+        for layer in lora_layers(module.model).values():
+            layer.lora_B.weight.normal_()  # the adapter moved the policy away from its base
+    data = _pairs()
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    with torch.no_grad():
+        pc, pr, rc, rr, _ = module.pair_logprobs(batch)
+        base, *_ = DPOModule().pair_logprobs(batch)
+    assert module.reference.kind == "adapters-off"
+    torch.testing.assert_close(rc, base)  # the reference is the un-adapted model...
+    assert not torch.allclose(pc, rc)  # ...while the policy is not
+    assert module.reference._copy is None  # no second model in memory
 
 
 @pytest.mark.parametrize("kwargs", [{"beta": 0.0}, {"label_smoothing": 0.5}, {"sft_weight": -1.0}])
@@ -118,7 +133,8 @@ def test_resume_from_mid_run_checkpoint_is_exact(tiny_backbone, tmp_path, quiet_
     )
     path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
     state = torch.load(path, weights_only=True)
-    assert any(key.startswith("ref_model.") for key in state["state_dict"])
+    policy = {k for k in state["state_dict"]}
+    assert all(key.startswith("model.") for key in policy)  # the reference is not in the checkpoint
     L.seed_everything(123)
     resumed = LossRecorder()
     quiet_trainer(max_steps=6, callbacks=[resumed]).fit(DPOModule(**kw), _pairs(), ckpt_path=str(path))

@@ -195,4 +195,4 @@ def test_bad_arguments(tiny_backbone):
     with pytest.raises(ValueError, match="environment"):
         GRPOModule(rewards=["env"])
     with pytest.raises(ValueError, match="unknown reward"):
-        GRPOModule(rewards=["nope"])._rewards()
+        GRPOModule(rewards=["nope"])

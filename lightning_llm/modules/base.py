@@ -1,0 +1,101 @@
+"""The base of the LightningModules that hold a Hugging Face causal LM: the model is built in ``configure_model``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import lightning as L
+from typing_extensions import override
+
+from lightning_llm.backbones import load_model, load_tokenizer
+from lightning_llm.lm import apply_lora_config, check_fused_compatible, shard_fsdp2
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["BackboneModule"]
+
+
+class BackboneModule(L.LightningModule):
+    """A LightningModule around a causal LM named by ``hparams.model`` (an alias, a directory or a hub id).
+
+    The tokenizer is loaded at construction (cheap, and DataModules take it from the module). The model is built
+    in :meth:`configure_model`, which Lightning calls inside the strategy's initialisation contexts (so DDP,
+    FSDP and meta-device initialisation work) and before ``load_from_checkpoint`` restores weights. Under
+    ``ModelParallelStrategy`` the model is sharded with FSDP2 (one unit per decoder layer, the embeddings and head
+    in the root unit). Used without a Trainer, reading :attr:`model` builds it on the spot.
+
+    Subclasses call ``save_hyperparameters`` (with ``model`` and, where they take them, ``dtype``,
+    ``trust_remote_code``, ``lora`` and ``gradient_checkpointing``), then :meth:`_init_tokenizer`, and adapt the
+    built model in :meth:`prepare_model`.
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+
+    def _init_tokenizer(self) -> None:
+        self.tokenizer = load_tokenizer(
+            self.hparams.model, trust_remote_code=self.hparams.get("trust_remote_code", False)
+        )
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The causal LM (built by :meth:`configure_model` on first use)."""
+        if "model" not in self._modules:
+            self.configure_model()
+        return self._modules["model"]
+
+    @property
+    def model_built(self) -> bool:
+        """Whether :meth:`configure_model` has run."""
+        return "model" in self._modules
+
+    @override
+    def configure_model(self) -> None:
+        if self.model_built:
+            return
+        hp = self.hparams
+        model = load_model(
+            hp.model, dtype=hp.get("dtype"), trust_remote_code=hp.get("trust_remote_code", False)
+        )
+        if len(self.tokenizer) > model.get_input_embeddings().weight.shape[0]:  # tokens added at construction
+            model.resize_token_embeddings(len(self.tokenizer), mean_resizing=True)
+        if model.generation_config.pad_token_id is None:
+            model.generation_config.pad_token_id = self.tokenizer.pad_token_id
+        self.model = self.prepare_model(model)
+        mesh = self.device_mesh
+        if mesh is not None:  # ModelParallelStrategy: FSDP2 over its data-parallel dimension
+            shard_fsdp2(
+                self.model, mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+            )
+
+    def prepare_model(self, model: PreTrainedModel) -> PreTrainedModel:
+        """Adapt the freshly loaded model before it is attached: the default makes it a trainable policy (the fused
+        log-prob path checked, LoRA applied when ``hparams.lora`` is set, train mode, optional gradient
+        checkpointing)."""
+        check_fused_compatible(model)
+        self.hparams["lora"] = apply_lora_config(model, self.hparams.get("lora"))
+        model.train()  # from_pretrained returns eval mode; Lightning keeps submodules' modes as found
+        if self.hparams.get("gradient_checkpointing"):
+            # transformers 5 renamed the method (and its kwargs); 4.x only has the old name.
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        return model
+
+    @override
+    def setup(self, stage: str) -> None:
+        _refuse_rl_callbacks(self)
+
+
+def _refuse_rl_callbacks(module: L.LightningModule) -> None:
+    """An RL callback on a module that runs no RL loop would never be called: refuse it (GRPOModule overrides)."""
+    from lightning_llm.rl import RLCallback
+
+    ignored = [type(cb).__name__ for cb in module.trainer.callbacks if isinstance(cb, RLCallback)]
+    if ignored:
+        raise ValueError(
+            f"{type(module).__name__} runs no RL loop, so the RL callback(s) {ignored} would never be called; "
+            "use them with GRPOModule"
+        )
