@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM
 
 from lightning_llm.backbones import build_tiny_moe, load_backbone, load_tokenizer
 from lightning_llm.backbones.moe import load_moe
+from lightning_llm.callbacks import ExpertPruning
 from lightning_llm.pruning import (
     METHODS,
-    ExpertPruning,
     MoELayerStats,
     collect_moe_statistics,
     effective_rank,
