@@ -1,8 +1,9 @@
 r"""RaGEP, rank-aware geometric expert pruning (docs/methods.md §15): greedy spectral salience within a layer.
 
 RaGEP has no public code; this is *our reading* of it, with every unverified choice a parameter. It has two
-steps: the budget of each layer is proportional to the layer's effective rank (:mod:`lightning_llm.pruning.budgets`),
-and within a layer the experts are kept greedily by spectral salience (:class:`RaGEPSelection`, below).
+steps: the budget of each layer is proportional to the layer's effective rank
+(:mod:`lightning_llm.pruning.budgets`), and within a layer the experts are kept greedily by spectral salience
+(:class:`RaGEPSelection`, below).
 
 With :math:`Z_e \in \mathbb R^{N\times H}` expert :math:`e`'s gate-weighted outputs on the :math:`N` calibration
 tokens (row :math:`t`: :math:`g_e(x_t)\, f_e(x_t)`, zero where the router did not pick :math:`e`),

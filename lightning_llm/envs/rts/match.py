@@ -2,8 +2,9 @@
 
 Every ``Rules.decision_interval`` ticks each agent receives its
 :class:`~lightning_llm.envs.rts.observation.Observation` and answers with intents, as text (one per line, parsed
-strictly) or as :class:`Intent` objects (re-validated the same way). Both observations are taken before either side acts, and the side that executes first
-alternates between decisions, so neither seat is favoured on contested resource fields.
+strictly) or as :class:`Intent` objects (re-validated the same way). Both observations are taken before either
+side acts, and the side that executes first alternates between decisions, so neither seat is favoured on
+contested resource fields.
 
 **Language interventions.** An :class:`Intervention` injects one of the :data:`STANDARD_INSTRUCTIONS` into a
 player's observations for ``duration`` decisions from its tick. Each standard instruction has a compliance test
