@@ -119,7 +119,7 @@ def init_state(
     args: argparse.Namespace, arch: str, first: torch.Tensor, seed: int
 ) -> dict[str, torch.Tensor]:
     """The shared initial SAE: our seeded directions, W_enc = W_dec^T, b_enc = 0, b_dec = geometric median."""
-    from lightning_llm.modules.sae import geometric_median
+    from lightning_llm.sae import geometric_median
 
     sae = ours_module(args, arch, first.shape[1], seed).sae
     sample = first[: args.batch_size].float()

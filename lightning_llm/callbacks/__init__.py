@@ -1,7 +1,15 @@
-"""Callbacks, one file per method."""
+"""Callbacks, one file per method.
+
+Placement rule (see :mod:`lightning_llm`): every Lightning ``Callback`` of the library lives here, whatever the
+method it serves (:class:`ExpertPruning` for :mod:`lightning_llm.pruning`, :class:`TrellisQuantization` for
+:mod:`lightning_llm.quantization`, :class:`LoRARestart` and :class:`ScaLoRA` for :mod:`lightning_llm.lora`); the
+method's non-Lightning building blocks stay in its feature package, which the callback imports. The base class
+of the RL callbacks, :class:`lightning_llm.rl.RLCallback`, is part of the RL contract in :mod:`lightning_llm.rl`.
+"""
 
 from lightning_llm.callbacks.delta_belief import DeltaBeliefReward
 from lightning_llm.callbacks.entropy import EntropyDiscriminatorClipping, EntropyDynamicsMonitor
+from lightning_llm.callbacks.expert_pruning import ExpertPruning
 from lightning_llm.callbacks.gsnr import GradientSNRMonitor, gradient_snr
 from lightning_llm.callbacks.larft import HindsightLengthAwareness
 from lightning_llm.callbacks.latent_thoughts import LatentThoughtsCurriculum
@@ -22,6 +30,7 @@ __all__ = [
     "DeltaBeliefReward",
     "EntropyDiscriminatorClipping",
     "EntropyDynamicsMonitor",
+    "ExpertPruning",
     "GradientSNRMonitor",
     "GrammarKLMonitor",
     "HindsightLengthAwareness",

@@ -1,9 +1,12 @@
 """The package's layers, checked on its source: no import cycles (function-level imports count), no private
-names imported across top-level packages, and no import that runs up the layers.
+names imported across top-level packages, no import that runs up the layers, and no Lightning in the feature
+packages.
 
 Layers (README, "Layout"): backbones, text, types, trainer -> kernels -> datamodules, metrics, envs, rewards,
-quantization, eviction -> rl, lm, lora, modules, callbacks, pruning, studies -> evaluation -> cli. A module may
-import from its own layer and below. Kernels' private Triton files are private to the kernels package.
+quantization, eviction, pruning, sae -> rl, lm, lora, modules, callbacks, studies -> evaluation -> cli. A module
+may import from its own layer and below. Kernels' private Triton files are private to the kernels package.
+Feature packages hold a method's non-Lightning building blocks; its Callbacks and LightningModules live in
+``callbacks/`` and ``modules/`` (the placement rule of ``lightning_llm/__init__.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ ROOT = Path(__file__).resolve().parents[2] / "lightning_llm"
 LAYERS = {
     **dict.fromkeys(["backbones", "text", "types", "trainer"], 0),
     "kernels": 1,
-    **dict.fromkeys(["datamodules", "metrics", "envs", "rewards", "quantization", "eviction"], 2),
-    **dict.fromkeys(["rl", "lm", "lora", "modules", "callbacks", "pruning", "studies"], 3),
+    **dict.fromkeys(
+        ["datamodules", "metrics", "envs", "rewards", "quantization", "eviction", "pruning", "sae"], 2
+    ),
+    **dict.fromkeys(["rl", "lm", "lora", "modules", "callbacks", "studies"], 3),
     "evaluation": 4,
     **dict.fromkeys(["cli", "__main__"], 5),
 }
@@ -63,6 +68,9 @@ def _imports(module: str, path: Path) -> list[tuple[str, str | None]]:
 def _top(module: str) -> str:
     return module.split(".")[1] if "." in module else ""
 
+
+#: Packages of non-Lightning building blocks (placement rule): they import no ``lightning``.
+FEATURES = ("lora", "sae", "quantization", "pruning", "eviction", "kernels")
 
 EDGES: dict[str, set[str]] = defaultdict(set)
 PRIVATE: list[str] = []
@@ -132,6 +140,23 @@ def test_no_import_cycles():
 
 def test_no_private_names_across_packages():
     assert PRIVATE == []
+
+
+def _imports_lightning(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        if any(name.split(".")[0] in ("lightning", "pytorch_lightning") for name in names):
+            return True
+    return False
+
+
+def test_feature_packages_import_no_lightning():
+    """Callbacks and LightningModules of a method live in callbacks/ and modules/, not in its feature package."""
+    lightning = [m for m, path in MODULES.items() if _top(m) in FEATURES and _imports_lightning(path)]
+    assert lightning == []
+    assert _imports_lightning(ROOT / "callbacks" / "expert_pruning.py")  # the check sees a Lightning import
 
 
 def test_imports_only_run_down_the_layers():

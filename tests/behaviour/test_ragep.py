@@ -38,11 +38,11 @@ import pytest
 import torch
 
 from lightning_llm.backbones import load_backbone
+from lightning_llm.callbacks import ExpertPruning
 from lightning_llm.datamodules import ChatSFTDataModule
 from lightning_llm.datamodules.tasks import Example, Task, get_task, register_task
 from lightning_llm.metrics import token_nll
 from lightning_llm.modules import CausalLMModule
-from lightning_llm.pruning import ExpertPruning
 
 pytestmark = pytest.mark.slow
 

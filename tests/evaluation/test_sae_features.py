@@ -19,7 +19,7 @@ from lightning_llm.evaluation import (
     sae_steering_vector,
     top_activating_contexts,
 )
-from lightning_llm.modules.sae import SparseAutoencoder
+from lightning_llm.sae import SparseAutoencoder
 
 TEXTS = [
     "the cat sees the fire and the cat runs",

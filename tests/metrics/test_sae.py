@@ -18,7 +18,7 @@ from lightning_llm.metrics import (
     delta_loss,
 )
 from lightning_llm.metrics.sae import _replace_layer_output, spliced_nll
-from lightning_llm.modules.sae import SparseAutoencoder
+from lightning_llm.sae import SparseAutoencoder
 
 
 def hand_sae(W_enc: Tensor, b_enc: Tensor, W_dec: Tensor, b_dec: Tensor) -> SparseAutoencoder:

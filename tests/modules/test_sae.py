@@ -8,7 +8,8 @@ import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_llm.modules.sae import SparseAutoencoder, SparseAutoencoderModule, geometric_median
+from lightning_llm.modules.sae import SparseAutoencoderModule
+from lightning_llm.sae import SparseAutoencoder, geometric_median
 
 D_IN, D_SAE = 12, 36
 

@@ -10,10 +10,12 @@ from transformers import AutoModelForCausalLM
 
 from lightning_llm.backbones import build_tiny_moe, load_backbone, load_tokenizer
 from lightning_llm.backbones.moe import load_moe
+from lightning_llm.callbacks import ExpertPruning
 from lightning_llm.pruning import (
     METHODS,
-    ExpertPruning,
+    SELECTIONS,
     MoELayerStats,
+    ScoredSelection,
     collect_moe_statistics,
     effective_rank,
     layer_budgets,
@@ -185,6 +187,23 @@ def test_ragep_prefers_an_orthogonal_expert_over_a_duplicate():
     assert select_experts("ragep", stats, 2) == [0, 2]
     assert select_experts("reap", stats, 2) == [0, 1]  # energy alone keeps the duplicate
     assert select_experts("ragep", stats, 2, alpha=0.0) == [0, 1]
+
+
+def test_select_experts_dispatches_through_the_registry(monkeypatch):
+    assert tuple(SELECTIONS) == METHODS
+
+    class LastExperts(ScoredSelection):
+        name = "last"
+
+        def score(self, stats):
+            return torch.arange(stats.num_experts, dtype=torch.float64)
+
+    monkeypatch.setitem(SELECTIONS, "last", LastExperts)
+    assert select_experts("last", _toy_stats(), 2) == [1, 2]
+    with pytest.raises(ValueError, match="do not apply"):
+        select_experts("reap", _toy_stats(), 2, alpha=0.5)
+    with pytest.raises(ValueError, match="unknown method"):
+        select_experts("magnitude", _toy_stats(), 2)
 
 
 def test_naee_reconstructs_no_worse_than_frequency(moe_dir, calibration):

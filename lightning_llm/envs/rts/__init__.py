@@ -2,7 +2,8 @@
 
 Agents do not micro-manage: every ``Rules.decision_interval`` ticks they issue a budgeted handful of typed
 macro/tactical intents (:mod:`~lightning_llm.envs.rts.intents`), which a deterministic executor carries out
-(:mod:`~lightning_llm.envs.rts.world`). Rules are data with named perturbation presets
+(:mod:`~lightning_llm.envs.rts.world`, on the map of :mod:`~lightning_llm.envs.rts.map`) and answers with what
+the player sees (:mod:`~lightning_llm.envs.rts.observation`). Rules are data with named perturbation presets
 (:mod:`~lightning_llm.envs.rts.rules`); matches, language interventions and steerability are in
 :mod:`~lightning_llm.envs.rts.match`; scripted agents in :mod:`~lightning_llm.envs.rts.agents`, the LLM agent
 (grammar-constrained decoding, any backbone) in :mod:`~lightning_llm.envs.rts.llm_agent`; round-robin Elo and
@@ -44,9 +45,10 @@ from lightning_llm.envs.rts.match import (
     play_match,
     steerability,
 )
+from lightning_llm.envs.rts.observation import Observation, Outcome
 from lightning_llm.envs.rts.replay import load_replay, render_replay, replay_dict, resimulate, save_replay
 from lightning_llm.envs.rts.rules import PRESETS, Rules, rules_preset
-from lightning_llm.envs.rts.world import LOG_FIELDS, Observation, Outcome, World
+from lightning_llm.envs.rts.world import LOG_FIELDS, World
 
 __all__ = [
     "LOG_FIELDS",

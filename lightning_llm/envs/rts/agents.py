@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from lightning_llm.envs.rts.intents import Intent, all_intents
 from lightning_llm.envs.rts.match import STANDARD_INSTRUCTIONS, Agent
+from lightning_llm.envs.rts.observation import Observation
 from lightning_llm.envs.rts.rules import Rules
-from lightning_llm.envs.rts.world import Observation
 
 __all__ = [
     "BalancedAgent",

@@ -19,8 +19,8 @@ from torch import nn
 
 from lightning_llm.envs.rts.intents import all_intents
 from lightning_llm.envs.rts.match import Agent
+from lightning_llm.envs.rts.observation import Observation
 from lightning_llm.envs.rts.rules import Rules
-from lightning_llm.envs.rts.world import Observation
 
 __all__ = ["SYSTEM_PROMPT", "LLMAgent"]
 

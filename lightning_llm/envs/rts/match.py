@@ -1,9 +1,10 @@
 """Matches: the agent interface, the decision loop, language interventions and the steerability score.
 
-Every ``Rules.decision_interval`` ticks each agent receives its :class:`~lightning_llm.envs.rts.world.Observation`
-and answers with intents, as text (one per line, parsed strictly) or as :class:`Intent` objects (re-validated
-the same way). Both observations are taken before either side acts, and the side that executes first
-alternates between decisions, so neither seat is favoured on contested resource fields.
+Every ``Rules.decision_interval`` ticks each agent receives its
+:class:`~lightning_llm.envs.rts.observation.Observation` and answers with intents, as text (one per line, parsed
+strictly) or as :class:`Intent` objects (re-validated the same way). Both observations are taken before either
+side acts, and the side that executes first alternates between decisions, so neither seat is favoured on
+contested resource fields.
 
 **Language interventions.** An :class:`Intervention` injects one of the :data:`STANDARD_INSTRUCTIONS` into a
 player's observations for ``duration`` decisions from its tick. Each standard instruction has a compliance test
@@ -26,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from lightning_llm.envs.rts.intents import Intent, IntentError, parse_intent, parse_intents
+from lightning_llm.envs.rts.observation import Observation, Outcome
 from lightning_llm.envs.rts.rules import Rules
-from lightning_llm.envs.rts.world import LOG_FIELDS, Observation, Outcome, World
+from lightning_llm.envs.rts.world import LOG_FIELDS, World
 
 __all__ = [
     "STANDARD_INSTRUCTIONS",

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from lightning_llm.envs.rts.match import Agent, Intervention, MatchResult, play_match
+from lightning_llm.envs.rts.observation import Observation
 from lightning_llm.envs.rts.rules import Rules
-from lightning_llm.envs.rts.world import KINDS, LOG_FIELDS, Observation
+from lightning_llm.envs.rts.world import KINDS, LOG_FIELDS
 
 __all__ = ["REPLAY_FORMAT", "load_replay", "render_replay", "replay_dict", "resimulate", "save_replay"]
 

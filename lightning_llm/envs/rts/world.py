@@ -1,4 +1,8 @@
-"""The deterministic simulation: map, entities, economy, production, movement, combat, fog of war, executor.
+"""The deterministic simulation: entities, economy, production, movement, combat, fog of war, executor.
+
+The map is :class:`~lightning_llm.envs.rts.map.GameMap`; what a player sees of the world and hears back from the
+executor are :class:`~lightning_llm.envs.rts.observation.Observation` and
+:class:`~lightning_llm.envs.rts.observation.Outcome`.
 
 Entities (units and buildings) are stored as a struct of numpy arrays so that one tick is a handful of
 vectorised operations; a 2,000-tick match of two agents runs in well under two seconds on one core
@@ -32,10 +36,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightning_llm.envs.rts.intents import REGIONS, Intent
+from lightning_llm.envs.rts.intents import Intent
+from lightning_llm.envs.rts.map import GameMap
+from lightning_llm.envs.rts.observation import Observation, Outcome
 from lightning_llm.envs.rts.rules import BUILDING_KINDS, TARGET_CLASSES, UNIT_KINDS, Rules
 
-__all__ = ["KINDS", "LOG_FIELDS", "GameMap", "Observation", "Outcome", "World"]
+__all__ = ["KINDS", "LOG_FIELDS", "World"]
 
 #: Entity kinds, units first; an entity's ``kind`` is an index into this tuple.
 KINDS = (*UNIT_KINDS, *BUILDING_KINDS)
@@ -52,138 +58,6 @@ _N_UNIT = len(UNIT_KINDS)
 _HQ = KINDS.index("hq")
 _REFINERY = KINDS.index("refinery")
 _SCOUT_KIND = KINDS.index("scout")
-
-
-@dataclass(frozen=True)
-class GameMap:
-    """Map geometry: start positions (player 0 in the south-west, player 1 mirrored in the north-east) and
-    resource fields, drawn from the seed with point symmetry so that neither side is favoured."""
-
-    width: int
-    height: int
-    bases: tuple[tuple[float, float], tuple[float, float]]
-    fields: tuple[tuple[float, float], ...]
-
-    @classmethod
-    def generate(cls, rules: Rules, seed: int) -> GameMap:
-        rng = np.random.default_rng(seed)
-        w, h = rules.width, rules.height
-        base = (4.5, h - 4.5)
-        mirror = lambda p: (w - p[0], h - p[1])  # noqa: E731
-        fields: list[tuple[float, float]] = []
-        taken = [base, mirror(base)]
-
-        def draw(center: tuple[float, float], r_min: float, r_max: float) -> tuple[float, float]:
-            for _ in range(1000):
-                angle, radius = rng.uniform(0, 2 * math.pi), rng.uniform(r_min, r_max)
-                p = (
-                    round(center[0] + radius * math.cos(angle)) + 0.5,
-                    round(center[1] + radius * math.sin(angle)) + 0.5,
-                )
-                inside = 1.5 <= p[0] <= w - 1.5 and 1.5 <= p[1] <= h - 1.5
-                if inside and all(math.dist(p, q) >= 3.0 for q in [*taken, mirror(p)]):
-                    return p
-            raise RuntimeError("could not place a resource field; use a larger map")
-
-        side = []
-        for _ in range(rules.fields_per_side):
-            p = draw(base, 4.0, 8.0)
-            taken += [p, mirror(p)]
-            side.append(p)
-        fields += side + [mirror(p) for p in side]
-        for _ in range(rules.center_fields // 2):
-            p = draw((w / 2, h / 2), 1.5, min(w, h) / 6)
-            taken += [p, mirror(p)]
-            fields += [p, mirror(p)]
-        if rules.center_fields % 2:
-            fields.append((w / 2, h / 2))
-        return cls(w, h, (base, mirror(base)), tuple(fields))
-
-    def region_of(self, x: float, y: float) -> str:
-        col = min(int(3 * x / self.width), 2)
-        row = min(int(3 * y / self.height), 2)
-        return REGIONS[3 * row + col]
-
-    def region_center(self, region: str) -> tuple[float, float]:
-        i = REGIONS.index(region)
-        return ((i % 3 + 0.5) * self.width / 3, (i // 3 + 0.5) * self.height / 3)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the executor did with one intent: ``status`` is ``"ok"``, ``"partial"`` or ``"rejected"``."""
-
-    intent: str
-    status: str
-    reason: str = ""
-
-
-@dataclass
-class Observation:
-    """What one player knows at a decision: its own side fully, the enemy only where it sees (fog of war).
-
-    ``visible_enemies`` lists ``(kind, region)`` of enemy entities in sight now; ``known_enemy_buildings``
-    maps region to the enemy building kinds last seen there. ``instructions`` are the language interventions
-    in force; ``last_outcomes`` the executor's answers to this player's previous decision.
-    """
-
-    tick: int
-    player: int
-    rules: Rules
-    credits: float
-    income: float
-    home: str
-    enemy_home: str
-    units: dict[str, int]
-    army_regions: dict[str, int]
-    buildings: dict[str, int]
-    under_construction: dict[str, int]
-    queued: int
-    free_fields: int
-    idle_scouts: int
-    visible_enemies: list[tuple[str, str]]
-    known_enemy_buildings: dict[str, list[str]]
-    visible_fraction: float
-    instructions: tuple[str, ...] = ()
-    last_outcomes: tuple[Outcome, ...] = ()
-
-    @property
-    def army_size(self) -> int:
-        return sum(n for k, n in self.units.items() if k != "scout")
-
-    def enemy_counts(self) -> dict[str, int]:
-        """Visible enemy entities per kind."""
-        counts: dict[str, int] = {}
-        for kind, _ in self.visible_enemies:
-            counts[kind] = counts.get(kind, 0) + 1
-        return counts
-
-    def summary(self) -> str:
-        """A compact text description (what an LLM agent is prompted with)."""
-
-        def fmt(d: dict[str, int]) -> str:
-            return ", ".join(f"{k} {v}" for k, v in d.items() if v) or "none"
-
-        seen: dict[str, int] = {}
-        for kind, region in self.visible_enemies:
-            seen[f"{kind}@{region}"] = seen.get(f"{kind}@{region}", 0) + 1
-        lines = [
-            f"Tick {self.tick}/{self.rules.max_ticks}. You are player {self.player}, base {self.home}, "
-            f"enemy base {self.enemy_home}.",
-            f"Credits {self.credits:.0f} (+{self.income:.1f}/tick). Free resource fields: {self.free_fields}.",
-            f"Your units: {fmt(self.units)}. Army by region: {fmt(self.army_regions)}. Queued: {self.queued}.",
-            f"Your buildings: {fmt(self.buildings)}. Under construction: {fmt(self.under_construction)}.",
-            f"Enemies in sight: {fmt(seen)}. Map visible: {100 * self.visible_fraction:.0f}%.",
-        ]
-        if self.known_enemy_buildings:
-            known = "; ".join(f"{r}: {', '.join(k)}" for r, k in sorted(self.known_enemy_buildings.items()))
-            lines.append(f"Enemy buildings seen: {known}.")
-        rejected = [f"{o.intent} ({o.reason})" for o in self.last_outcomes if o.status != "ok"]
-        if rejected:
-            lines.append(f"Last decision problems: {'; '.join(rejected)}.")
-        for text in self.instructions:
-            lines.append(f"Commander's instruction: {text}")
-        return "\n".join(lines)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Lightning callback: prune a trained MoE's experts at the end of ``fit`` (RaGEP or a baseline)."""
+"""Lightning callback: prune a trained MoE's experts at the end of ``fit`` (RaGEP or a baseline; the method
+itself is :mod:`lightning_llm.pruning`)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,13 @@ from typing_extensions import override
 
 from lightning_llm.backbones.moe import moe_blocks, router_top_k
 from lightning_llm.callbacks.calibration import calibration_batches, check_calibration
-from lightning_llm.pruning.experts import (
-    METHODS,
+from lightning_llm.pruning import (
     MoELayerStats,
     check_keep_ratio,
     collect_moe_statistics,
     layer_budgets,
+    make_selection,
     prune_experts,
-    select_experts,
 )
 
 __all__ = ["ExpertPruning"]
@@ -33,8 +33,9 @@ class ExpertPruning(Callback):
 
     At the end of ``fit`` (before the module's own ``on_fit_end``, so ``CausalLMModule(save_dir=...)`` saves the
     pruned model) the callback collects calibration statistics of ``pl_module.model``
-    (:func:`~lightning_llm.pruning.experts.collect_moe_statistics`), splits the budget over layers and keeps,
-    per layer, the experts ``method`` selects (:mod:`lightning_llm.pruning.experts` gives the equations).
+    (:func:`~lightning_llm.pruning.collect_moe_statistics`), splits the budget over layers
+    (:mod:`lightning_llm.pruning.budgets`) and keeps, per layer, the experts ``method`` selects
+    (:data:`~lightning_llm.pruning.SELECTIONS`; :mod:`lightning_llm.pruning.ragep` gives RaGEP's equations).
     :meth:`prune` does the same on demand for any model and batches.
 
     Budgets: ``budget="erank"`` splits the kept experts over layers :math:`\propto` the layers' effective
@@ -59,7 +60,7 @@ class ExpertPruning(Callback):
             4 layers × 8 experts, 3 synthetic tasks, 2 seeds) it gave the lower held-out loss at 50% experts.
         max_tokens: Calibration tokens per layer at most.
         max_subsets: NAEE's exhaustive-search limit.
-        ragep_kwargs: Options of :func:`~lightning_llm.pruning.experts.ragep_select` (``alpha``,
+        ragep_kwargs: Options of :class:`~lightning_llm.pruning.RaGEPSelection` (``alpha``,
             ``subspace_energy``, ``max_rank``, ``gate_weighted``).
     """
 
@@ -75,8 +76,6 @@ class ExpertPruning(Callback):
         max_subsets: int = 5000,
         ragep_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
         check_keep_ratio(keep_ratio)
         check_calibration(calibration)
         if budget not in (None, "erank", "uniform"):
@@ -85,14 +84,14 @@ class ExpertPruning(Callback):
             raise ValueError(f"unknown rank_source {rank_source!r}; choose 'input' or 'experts'")
         if ragep_kwargs and method != "ragep":
             raise ValueError("ragep_kwargs only apply to method='ragep'")
+        options = {"max_subsets": max_subsets} if method == "naee" else dict(ragep_kwargs or {})
+        self.selection = make_selection(method, **options)
         self.method = method
         self.keep_ratio = float(keep_ratio)
         self.calibration = calibration if isinstance(calibration, int) else list(calibration)
         self.budget = budget or ("erank" if method == "ragep" else "uniform")
         self.rank_source = rank_source
         self.max_tokens = max_tokens
-        self.max_subsets = max_subsets
-        self.ragep_kwargs = dict(ragep_kwargs or {})
         self.kept: dict[int, list[int]] = {}
         self.budgets: dict[int, int] = {}
         self.eranks: dict[int, float] = {}
@@ -111,13 +110,7 @@ class ExpertPruning(Callback):
             self.budgets = {layer: min(per_layer, counts[layer]) for layer in counts}
         else:
             self.budgets = layer_budgets(weights, counts, self.keep_ratio, min_experts=min_experts)
-        kwargs = self.ragep_kwargs if self.method == "ragep" else {}
-        return {
-            layer: select_experts(
-                self.method, stats[layer], self.budgets[layer], max_subsets=self.max_subsets, **kwargs
-            )
-            for layer in sorted(stats)
-        }
+        return {layer: self.selection.select(stats[layer], self.budgets[layer]) for layer in sorted(stats)}
 
     def select(
         self, model: torch.nn.Module, batches: Iterable[Mapping[str, Tensor] | Tensor]
