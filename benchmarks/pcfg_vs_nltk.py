@@ -1,4 +1,4 @@
-"""PCFG parsing and scoring: ``lightning_llm.datamodules.PCFG`` vs NLTK (``nltk.PCFG``, ``ViterbiParser``).
+"""PCFG parsing and scoring: ``lightning_llm.metrics.PCFG`` vs NLTK (``nltk.PCFG``, ``ViterbiParser``).
 
 NLTK is what a researcher reaches for to parse with a PCFG in Python. Same grammar (the layered random grammar
 of ``configs/pcfg.yaml``, converted rule by rule to ``nltk.PCFG``), same sampled sentences (digest in config):
@@ -23,7 +23,7 @@ import sys
 
 from _harness import digest, finish, interleave, parser, result, row, set_threads, stat
 
-from lightning_llm.datamodules.pcfg import PCFG
+from lightning_llm.metrics.pcfg import PCFG
 
 NAME = "pcfg_vs_nltk"
 

@@ -26,8 +26,15 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbones import eval_mode
-from lightning_llm.datamodules.pcfg import PCFG, PCFGDataModule, prefix_batches
-from lightning_llm.metrics.grammar import GrammarKL, NGramModel, grammar_kl, model_next_token_logprobs
+from lightning_llm.datamodules.pcfg import PCFGDataModule
+from lightning_llm.metrics.grammar import (
+    GrammarKL,
+    NGramModel,
+    grammar_kl,
+    model_next_token_logprobs,
+    prefix_batches,
+)
+from lightning_llm.metrics.pcfg import PCFG
 
 __all__ = ["GrammarKLMonitor", "LayerwiseProbe", "hidden_states", "probe_accuracy", "span_targets"]
 

@@ -4,7 +4,7 @@ from lightning_llm.datamodules.activations import ActivationDataModule
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
 from lightning_llm.datamodules.forecasting import ForecastingDataModule
 from lightning_llm.datamodules.needle import NeedleDataModule
-from lightning_llm.datamodules.pcfg import PCFG, Constituent, PCFGDataModule
+from lightning_llm.datamodules.pcfg import PCFGDataModule
 from lightning_llm.datamodules.preference import (
     HoneypotPreferenceDataModule,
     PreferenceDataModule,
@@ -29,11 +29,9 @@ from lightning_llm.datamodules.tasks import (
 )
 
 __all__ = [
-    "PCFG",
     "ActivationDataModule",
     "ArithmeticTask",
     "ChatSFTDataModule",
-    "Constituent",
     "CopyTask",
     "DataSourceError",
     "Example",

@@ -1,7 +1,14 @@
 """``torchmetrics`` metrics of the methods: DDP-safe states, synced by torchmetrics itself."""
 
 from lightning_llm.metrics.forecasting import ForecastingMetrics, forecast_outcomes, reliability_bins
-from lightning_llm.metrics.grammar import GrammarKL, NGramModel, grammar_kl, model_next_token_logprobs
+from lightning_llm.metrics.grammar import (
+    GrammarKL,
+    NGramModel,
+    grammar_kl,
+    model_next_token_logprobs,
+    prefix_batches,
+)
+from lightning_llm.metrics.pcfg import PCFG, Constituent
 from lightning_llm.metrics.perplexity import perplexity, token_nll, token_nll_sum
 from lightning_llm.metrics.sae import (
     DeadFeatures,
@@ -23,6 +30,8 @@ from lightning_llm.metrics.safety import (
 )
 
 __all__ = [
+    "PCFG",
+    "Constituent",
     "DeadFeatures",
     "DeltaLoss",
     "ExplainedVariance",
@@ -42,6 +51,7 @@ __all__ = [
     "grammar_kl",
     "model_next_token_logprobs",
     "perplexity",
+    "prefix_batches",
     "reliability_bins",
     "safety_outcomes",
     "spliced_nll",

@@ -2,7 +2,7 @@ r"""How close a language model's next-token distribution is to a PCFG's exact on
 
 For a sentence :math:`w` of the grammar and each prefix :math:`w_{1:t}` (``t = 0..|w|``), the grammar defines the
 exact next-symbol distribution :math:`p_G(\cdot \mid w_{1:t})` over its terminals and end of sentence
-(:meth:`~lightning_llm.datamodules.pcfg.PCFG.next_token_logprobs`). The grammar KL of a model is
+(:meth:`~lightning_llm.metrics.pcfg.PCFG.next_token_logprobs`). The grammar KL of a model is
 
 .. math::
 
@@ -17,16 +17,16 @@ against it, and the KL stays non-negative.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
 from lightning_llm.backbones import eval_mode
-from lightning_llm.datamodules.pcfg import PCFG, prefix_batches
+from lightning_llm.metrics.pcfg import PCFG
 
-__all__ = ["GrammarKL", "NGramModel", "grammar_kl", "model_next_token_logprobs"]
+__all__ = ["GrammarKL", "NGramModel", "grammar_kl", "model_next_token_logprobs", "prefix_batches"]
 
 
 def grammar_kl(grammar_logprobs: Tensor, model_logprobs: Tensor) -> Tensor:
@@ -36,6 +36,26 @@ def grammar_kl(grammar_logprobs: Tensor, model_logprobs: Tensor) -> Tensor:
     p = grammar_logprobs.exp()
     terms = p * (grammar_logprobs - model_logprobs.to(grammar_logprobs.dtype))
     return torch.where(p > 0, terms, torch.zeros_like(terms)).sum(-1)
+
+
+def prefix_batches(
+    sentences: Sequence[Sequence[int]], *, token_ids: Sequence[int], bos_id: int, pad_id: int, batch_size: int
+) -> Iterator[tuple[Sequence[Sequence[int]], Tensor, Tensor]]:
+    """``(chunk, input_ids, attention_mask)`` of right-padded ``bos w_1 … w_T`` batches (no eos), in order.
+
+    Position ``t`` of a row is the model's state after ``t`` words: what the grammar-KL metric and the probes
+    read. ``token_ids[w]`` is the vocabulary id of terminal ``w``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for first in range(0, len(sentences), batch_size):
+        chunk = sentences[first : first + batch_size]
+        ids = torch.full((len(chunk), max(len(s) for s in chunk) + 1), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, sentence in enumerate(chunk):
+            ids[row, : len(sentence) + 1] = torch.tensor([bos_id, *(token_ids[w] for w in sentence)])
+            mask[row, : len(sentence) + 1] = 1
+        yield chunk, ids, mask
 
 
 @torch.no_grad()

@@ -14,7 +14,8 @@ from lightning_llm.callbacks.pcfg import (
     probe_accuracy,
     span_targets,
 )
-from lightning_llm.datamodules.pcfg import PCFG, PCFGDataModule
+from lightning_llm.datamodules.pcfg import PCFGDataModule
+from lightning_llm.metrics.pcfg import PCFG
 from lightning_llm.modules import CausalLMModule
 
 _GRAMMAR = {"num_nonterminals": 5, "num_terminals": 6, "levels": 3, "binary_mass": 0.8, "seed": 0}

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from lightning_llm.callbacks.steering import decoder_layers
-from lightning_llm.datamodules import ActivationDataModule
-from lightning_llm.datamodules import activations as activations_module
+from lightning_llm.datamodules import ActivationDataModule, activation_harvest
+from lightning_llm.datamodules.activation_store import ShardStore
+from lightning_llm.datamodules.mixing import ActivationStream
 from lightning_llm.datamodules.tasks import get_task, split_train_val
 
 #: Small everywhere: 40 arithmetic dialogues of ~25 tokens (~1000 tokens), several shards, several buffer fills.
@@ -175,7 +176,7 @@ def test_cache_is_reused_without_the_backbone_and_rebuilt_when_needed(tmp_path, 
     first = ActivationDataModule(cache_dir=str(tmp_path), **SMALL)
     first.prepare_data()
     first.setup("fit")
-    assert isinstance(first._store, activations_module._ShardStore)  # training reads shards, one at a time
+    assert isinstance(first._store, ShardStore)  # training reads shards, one at a time
     assert sorted(p.name for p in first.cache_path.iterdir()) == [
         "manifest.json", "train-00000.safetensors", "train-00001.safetensors", "train-00002.safetensors",
         "train-00003.safetensors", "val.safetensors",
@@ -194,8 +195,8 @@ def test_cache_is_reused_without_the_backbone_and_rebuilt_when_needed(tmp_path, 
         calls.append(kwargs)
         raise AssertionError("the backbone ran")
 
-    real_harvest = activations_module._harvest
-    monkeypatch.setattr(activations_module, "_harvest", no_backbone)
+    real_harvest = activation_harvest.layer_activations
+    monkeypatch.setattr(activation_harvest, "layer_activations", no_backbone)
     second = ActivationDataModule(cache_dir=str(tmp_path), **SMALL)
     second.prepare_data()
     second.setup("fit")
@@ -208,7 +209,7 @@ def test_cache_is_reused_without_the_backbone_and_rebuilt_when_needed(tmp_path, 
 
     calls.clear()
     monkeypatch.setattr(
-        activations_module, "_harvest", lambda *a, **k: (calls.append(1), real_harvest(*a, **k))[1]
+        activation_harvest, "layer_activations", lambda *a, **k: (calls.append(1), real_harvest(*a, **k))[1]
     )
     manifest = first.cache_path / "manifest.json"
     manifest.write_text(manifest.read_text()[:-20])  # truncated
@@ -289,8 +290,8 @@ def test_ranks_get_equal_disjoint_round_robin_shares(sequential):
     assert len(served.unique()) == len(served)  # disjoint
     for rank, share in enumerate(shares):  # rank r takes global batches r, r + 4, ...
         assert all(torch.equal(a, b) for a, b in zip(share, single[rank::4], strict=False))
-    assert len(activations_module._ActivationStream(stream.store, batch_size=64, buffer_size=256, seed=0,
-                                                    world_size=4)) == per_rank  # fmt: skip
+    assert len(ActivationStream(stream.store, batch_size=64, buffer_size=256, seed=0,
+                                world_size=4)) == per_rank  # fmt: skip
 
 
 def test_validation_is_identical_for_sequential_and_block_training(sequential):

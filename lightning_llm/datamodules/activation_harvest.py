@@ -1,0 +1,175 @@
+r"""Harvesting a frozen backbone's residual stream from chat dialogues: the rows it reads and what is kept.
+
+FAST (arXiv 2506.07691) trains SAEs for instruct models *sequentially*: every dialogue is rendered by the chat
+template (special tokens included) and run through the model on its own, one dialogue per sequence, no packing,
+truncated at ``max_length``, which is how the model sees text when it is deployed. The usual baseline, *block
+training*, concatenates dialogues into fixed-length blocks, so a token attends to the tail of unrelated
+dialogues and its activation is one the deployed model never produces. :func:`dialogue_rows` builds the rows of
+either mode from the same dialogues (validation always in the sequential format) and :func:`harvest` runs the
+backbone over them.
+
+Layer convention (as in :mod:`lightning_llm.callbacks.steering`): *layer* :math:`\ell` is the 0-based index into
+:func:`~lightning_llm.backbones.inspect.decoder_layers` and the activation is the **output of that decoder
+layer**, read by a forward hook; it equals Hugging Face's ``hidden_states[ℓ + 1]`` for every layer but the last
+(HF applies the final norm there). The forward stops right after layer :math:`\ell`.
+
+Special tokens: a token is *special* when its id is in the tokenizer's ``all_special_ids`` (bos/eos/pad/unk...
+and ``additional_special_tokens``) or is an added token registered with ``special=True``
+(``tokenizer.added_tokens_decoder``). The second set matters: ChatML's ``<|im_start|>`` is an added special
+token but not in ``all_special_ids``. Tags added as ordinary tokens (the tiny tokenizer's ``<think>``,
+``<answer>``...) are not special: they are text the model writes, not template structure. In the tiny backbone
+the special tokens are ``<|endoftext|>`` (pad), ``<|im_start|>`` and ``<|im_end|>`` (eos).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lightning_llm.backbones.inspect import layer_output_reader
+from lightning_llm.datamodules.activation_store import ShardWriter, ValidationSet
+from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
+from lightning_llm.datamodules.sources import pad_sequences
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["dialogue_rows", "harvest", "layer_activations", "special_token_ids"]
+
+
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """``all_special_ids`` plus every added token registered as special (ChatML's ``<|im_start|>``...)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return frozenset(tokenizer.all_special_ids) | frozenset(
+        index for index, token in added.items() if getattr(token, "special", False)
+    )
+
+
+class _Dialogues(ChatSFTDataModule):
+    """A ChatSFTDataModule that renders with the tokenizer object it is handed (``renderer``), e.g. one loaded
+    with ``trust_remote_code``, instead of loading one by name."""
+
+    renderer: PreTrainedTokenizerBase
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.renderer
+
+
+def _dialogues(tokenizer: PreTrainedTokenizerBase, **kwargs: Any) -> ChatSFTDataModule:
+    """A set-up :class:`~lightning_llm.datamodules.ChatSFTDataModule` of ``kwargs`` rendering with ``tokenizer``."""
+    data = _Dialogues(**kwargs)
+    data.renderer = tokenizer
+    data.setup()
+    return data
+
+
+def dialogue_rows(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    mode: Literal["sequential", "block"],
+    block_size: int | None,
+    num_tokens: int | None,
+    **data: Any,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Token ids of the rows the backbone reads: training rows and validation dialogues.
+
+    The conversations, their rendering, truncation and packing are
+    :class:`~lightning_llm.datamodules.ChatSFTDataModule`'s (``data`` are its data arguments: ``task``,
+    ``source``, ``num_train``, ``num_val``, ``max_length``...). Training rows are the dialogues cut at
+    ``max_length`` (``mode="sequential"``) or the packed blocks of ``block_size`` tokens (``mode="block"``),
+    the first ones in data order up to ``num_tokens`` tokens (None: all); validation rows are the held-out
+    dialogues in the sequential format in both modes.
+    """
+    dialogues = _dialogues(tokenizer, packing="none", **data)
+    val_rows = [item["input_ids"] for item in dialogues.val_dataloader().dataset]
+    training = (
+        _dialogues(tokenizer, packing="block", block_size=block_size, **data)
+        if mode == "block"
+        else dialogues
+    )
+    rows = [item["input_ids"] for item in training.train_items]
+    available = sum(len(row) for row in rows)
+    if num_tokens is not None:
+        if num_tokens > available:
+            raise ValueError(
+                f"num_tokens={num_tokens} but the {mode} training data has only {available} tokens "
+                f"(num_train={data['num_train']}, max_length={data['max_length']}); lower num_tokens or raise "
+                "num_train"
+            )
+        used = 0
+        for count, row in enumerate(rows, start=1):
+            used += len(row)
+            if used >= num_tokens:
+                rows = rows[:count]
+                break
+    return rows, val_rows
+
+
+@torch.no_grad()
+def layer_activations(
+    model: nn.Module, layer: int, rows: Sequence[Tensor], *, batch_size: int, pad_id: int
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(activations [n, d] float32 CPU, token_ids [n])`` of the real tokens of each forward, row-major.
+
+    ``batch_size`` rows per forward, right-padded with attention mask 0; the padding positions are dropped. Each
+    row is attended on its own (rows of a batch never see each other), so a row is the unit of attention: one
+    dialogue in sequential mode, one packed block in block mode. The model runs without gradients and stops
+    after ``layer``.
+    """
+    device = next(model.parameters()).device
+    with layer_output_reader(model, layer) as read:
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            input_ids = pad_sequences(chunk, pad_id)
+            attention_mask = pad_sequences([torch.ones_like(row) for row in chunk], 0)
+            hidden = read(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
+            keep = attention_mask.bool()
+            yield hidden[keep.to(device)].float().cpu(), input_ids[keep]
+
+
+def harvest(
+    model: nn.Module,
+    layer: int,
+    train_rows: Sequence[Tensor],
+    val_rows: Sequence[Tensor],
+    writer: ShardWriter,
+    *,
+    num_tokens: int | None,
+    batch_size: int,
+    pad_id: int,
+    special_ids: frozenset[int],
+    device: torch.device,
+) -> ValidationSet:
+    """Harvest the training rows into ``writer`` (exactly ``num_tokens`` tokens; None: all) and return the
+    validation set.
+
+    Tokens are flagged special by ``special_ids``. The model runs on ``device`` and is moved back afterwards.
+    """
+    special = torch.tensor(sorted(special_ids))
+    budget = num_tokens if num_tokens is not None else sum(len(row) for row in train_rows)
+    home = next(model.parameters()).device
+    model.to(device)
+    try:
+        chunks = layer_activations(model, layer, train_rows, batch_size=batch_size, pad_id=pad_id)
+        with contextlib.closing(chunks):
+            for activations, token_ids in chunks:
+                take = min(budget, len(token_ids))
+                budget -= take
+                writer.add(activations[:take], torch.isin(token_ids[:take], special), token_ids[:take])
+                if budget == 0:
+                    break
+        val = list(layer_activations(model, layer, val_rows, batch_size=batch_size, pad_id=pad_id))
+    finally:
+        model.to(home)
+    if val:
+        activations, token_ids = torch.cat([a for a, _ in val]), torch.cat([t for _, t in val])
+    else:
+        activations = torch.zeros(0, model.config.get_text_config().hidden_size)
+        token_ids = torch.zeros(0, dtype=torch.long)
+    lengths = torch.tensor([len(row) for row in val_rows], dtype=torch.long)
+    return ValidationSet(activations, torch.isin(token_ids, special), token_ids, lengths)
