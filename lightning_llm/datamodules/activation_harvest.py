@@ -49,21 +49,10 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     )
 
 
-class _Dialogues(ChatSFTDataModule):
-    """A ChatSFTDataModule that renders with the tokenizer object it is handed (``renderer``), e.g. one loaded
-    with ``trust_remote_code``, instead of loading one by name."""
-
-    renderer: PreTrainedTokenizerBase
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        return self.renderer
-
-
 def _dialogues(tokenizer: PreTrainedTokenizerBase, **kwargs: Any) -> ChatSFTDataModule:
     """A set-up :class:`~lightning_llm.datamodules.ChatSFTDataModule` of ``kwargs`` rendering with ``tokenizer``."""
-    data = _Dialogues(**kwargs)
-    data.renderer = tokenizer
+    data = ChatSFTDataModule(**kwargs)
+    data.use_tokenizer(tokenizer)
     data.setup()
     return data
 
