@@ -15,17 +15,32 @@ from typing import Any
 
 __all__ = [
     "DataSourceError",
+    "PromptPrefix",
     "exact_match",
     "extract_answer",
     "length_score",
     "normalize_answer",
     "parse_forecast",
+    "prefix_messages",
     "read_jsonl",
     "read_text_records",
     "word_count",
 ]
 
 _PUNCTUATION = frozenset(string.punctuation)
+
+#: What comes before each user prompt in a chat: a system message, or whole messages (a system message and
+#: worked user/assistant exchanges, as ``system_prompt="task"`` gives).
+PromptPrefix = str | Sequence[Mapping[str, str]] | None
+
+
+def prefix_messages(prefix: PromptPrefix) -> list[dict[str, str]]:
+    """The chat messages of ``prefix``: none, one system message for a string, or a copy of the messages."""
+    if not prefix:
+        return []
+    if isinstance(prefix, str):
+        return [{"role": "system", "content": prefix}]
+    return [dict(message) for message in prefix]
 
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

@@ -363,7 +363,7 @@ class ForecastingDataModule(PromptDataModule):
         hp = self.hparams
         chunks = _chunks(self._corpus(), hp.chunk_words)
         self._retriever = DatedRetriever(chunks) if chunks else None
-        renderer = _Renderer(self.tokenizer, hp.system_prompt, hp.max_length)
+        renderer = _Renderer(self.tokenizer, self.system_prompt, hp.max_length)
         kept_train = [
             ex for ex in train if len(renderer.ids(self._render_prompt(ex.prompt))) <= hp.max_length
         ]

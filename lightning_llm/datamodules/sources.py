@@ -22,7 +22,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_llm.datamodules.tasks import Task, get_task, split_train_val
 from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
-from lightning_llm.text import DataSourceError, read_jsonl, read_text_records
+from lightning_llm.text import DataSourceError, PromptPrefix, prefix_messages, read_jsonl, read_text_records
 from lightning_llm.types import Example
 
 if TYPE_CHECKING:
@@ -187,13 +187,14 @@ def _preview(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt: str | None = None) -> str:
-    """``[system?, user=prompt]`` chat-templated up to and including the assistant header, as generated from.
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt: PromptPrefix = None) -> str:
+    """``[system_prompt's messages…, user=prompt]`` chat-templated up to and including the assistant header, as
+    generated from (``system_prompt``: a system message, or messages; see :func:`~lightning_llm.text.prefix_messages`).
 
     How every DataModule renders its prompts; also for callbacks that build prompts of their own (LARFT's
     hindsight word-count task) so that they reach the model exactly as the task's prompts do.
     """
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages = prefix_messages(system_prompt)
     messages.append({"role": "user", "content": prompt})
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
@@ -232,7 +233,9 @@ class ExampleDataModule(L.LightningDataModule, ABC):
             when used without a Trainer). A name or path loads that tokenizer instead, and fitting it with a
             model whose tokenizer differs raises :class:`~lightning_llm.datamodules.tokenizer.TokenizerMismatchError`.
             It must have a chat template.
-        system_prompt: Optional system message rendered before every prompt.
+        system_prompt: Optional system message rendered before every prompt. ``"task"``: the synthetic task's
+            own instructions (its answer format as the system message, then one worked user/assistant exchange
+            taken from the training split), so that an instruct model can follow the task zero-shot.
         num_train: Number of training examples (for a source: at most this many, a seeded random subset).
         num_val: Number of validation examples (for a source: at most this many).
         batch_size: Examples per batch.
@@ -288,8 +291,11 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         ):
             if value < minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        if system_prompt == "task" and task is None:
+            raise ValueError("system_prompt='task' states a synthetic task's format, but task=None")
         self.save_hyperparameters()
         self._task = get_task(task, **(task_kwargs or {})) if task is not None else None
+        self._split: tuple[list[Example], list[Example]] | None = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._train_data: list[Any] | None = None
         self._val_data: list[Any] | None = None
@@ -301,8 +307,13 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         return self._task
 
     @property
-    def system_prompt(self) -> str | None:
-        """The system message rendered before every prompt (evaluation callbacks generate with it too)."""
+    def system_prompt(self) -> PromptPrefix:
+        """What is rendered before every prompt (evaluation callbacks generate with it too): the system message,
+        or for ``system_prompt="task"`` the messages of :meth:`~lightning_llm.datamodules.tasks.Task.prompt_prefix`
+        with the first training example."""
+        if self.hparams.system_prompt == "task":
+            assert self._task is not None  # refused at construction otherwise
+            return self._task.prompt_prefix(self._examples()[0][0])
         return self.hparams.system_prompt
 
     @property
@@ -397,7 +408,9 @@ class ExampleDataModule(L.LightningDataModule, ABC):
     def _examples(self) -> tuple[list[Example], list[Example]]:
         hp = self.hparams
         if self._task is not None:
-            return split_train_val(self._task, hp.num_train, hp.num_val, hp.seed)
+            if self._split is None:
+                self._split = split_train_val(self._task, hp.num_train, hp.num_val, hp.seed)
+            return self._split
         rng = random.Random(hp.seed)
         records = load_records(hp.source, split=hp.split, columns=hp.columns, required=self._required)
         if hp.val_split is None:
@@ -421,9 +434,7 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         return data
 
     def _messages(self, prompt: str, completion: str | None = None) -> list[dict[str, str]]:
-        messages = (
-            [{"role": "system", "content": self.hparams.system_prompt}] if self.hparams.system_prompt else []
-        )
+        messages = prefix_messages(self.system_prompt)
         messages.append({"role": "user", "content": prompt})
         if completion is not None:
             messages.append({"role": "assistant", "content": completion})
@@ -431,7 +442,7 @@ class ExampleDataModule(L.LightningDataModule, ABC):
 
     def _render_prompt(self, prompt: str) -> str:
         """The chat-templated prompt up to and including the assistant header, as at generation time."""
-        return render_prompt(self.tokenizer, prompt, self.hparams.system_prompt)
+        return render_prompt(self.tokenizer, prompt, self.system_prompt)
 
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids without extra special tokens: the chat template already wrote the ones it wants."""

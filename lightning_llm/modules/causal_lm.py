@@ -21,6 +21,7 @@ from lightning_llm.lm import (
 )
 from lightning_llm.lora import LoRAConfig
 from lightning_llm.modules.base import BackboneModule
+from lightning_llm.text import PromptPrefix, prefix_messages
 
 __all__ = ["CausalLMModule", "warmup_cosine"]
 
@@ -135,12 +136,12 @@ class CausalLMModule(BackboneModule):
 
     # ------------------------------------------------------------------------------------- generation
 
-    def encode_prompts(self, prompts: list[str], *, system_prompt: str | None = None) -> dict[str, Tensor]:
+    def encode_prompts(self, prompts: list[str], *, system_prompt: PromptPrefix = None) -> dict[str, Tensor]:
         """User messages rendered with the chat template and a generation prompt, left-padded, on this device:
         ``{"input_ids", "attention_mask"}`` ready for :meth:`generate_ids`."""
         rendered = []
         for prompt in prompts:
-            messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+            messages = prefix_messages(system_prompt)
             messages.append({"role": "user", "content": prompt})
             rendered.append(
                 self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -242,6 +242,16 @@ class GRPOModule(BackboneModule):
                 )
             self.env = make_env(**(self.hparams.env_kwargs or {}))
 
+    @override
+    def on_fit_start(self) -> None:
+        # A fit that will run no training step (``max_steps=0``, or a resumed run already at ``max_steps``) still
+        # runs the remaining warm-up steps: ``Trainer(max_steps=0, callbacks=[SFTWarmup(...)])`` is a warm-up only.
+        max_steps = self.trainer.max_steps
+        if 0 <= max_steps <= self.trainer.global_step and any(
+            cb.remaining(self.trainer) for cb in self._warmups()
+        ):
+            self._run_warmups(self._all_optimizers()[1:])
+
     # ----------------------------------------------------------------------------------------- rewards
 
     def _rewards(self) -> list[tuple[str, Any]]:

@@ -77,3 +77,34 @@ def test_loader_before_setup_is_a_clear_error():
 def test_task_property_exposes_the_verifier():
     dm = PromptDataModule(task="copy", task_kwargs={"length": 3})
     assert dm.task.name == "copy" and dm.task.length == 3
+
+
+def test_system_prompt_task_states_the_format_with_a_training_example():
+    from lightning_llm.datamodules import PromptDataModule
+
+    data = PromptDataModule(
+        task="arithmetic", task_kwargs={"digits": 2, "ops": "+"}, system_prompt="task", num_train=16, num_val=8
+    )
+    data.setup("fit")
+    system, user, assistant = data.system_prompt
+    assert system["role"] == "system" and "<answer></answer>" in system["content"]
+    held_out = {ex.prompt for ex in data.val_examples}
+    assert user["role"] == "user" and user["content"] not in held_out
+    assert assistant["content"].endswith("</answer>")
+    item = data.train_items[-1]
+    # every prompt carries the exchange before its own question, rendered by the chat template
+    assert item["prompt"].count(user["content"]) >= 1 and item["prompt"].count("<|im_start|>user") == 2
+
+
+def test_system_prompt_task_needs_a_task():
+    from lightning_llm.datamodules import PromptDataModule
+
+    with pytest.raises(ValueError, match="system_prompt='task'"):
+        PromptDataModule(task=None, source="data.jsonl", system_prompt="task")
+
+
+def test_long_prompts_get_the_format_only():
+    from lightning_llm.datamodules import PromptDataModule
+
+    data = PromptDataModule(task="needle", system_prompt="task", num_train=8, num_val=2, max_length=1024)
+    assert [m["role"] for m in data.system_prompt] == ["system"]

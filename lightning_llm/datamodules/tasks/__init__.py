@@ -36,6 +36,24 @@ class Task(ABC):
 
     name: ClassVar[str]
 
+    #: The completion format, said in one sentence to a model that has never seen the task.
+    answer_format: ClassVar[str] = "Give your final answer inside <answer></answer> tags."
+    #: Whether :meth:`prompt_prefix` shows a worked example (off for tasks whose prompts are very long).
+    show_example: ClassVar[bool] = True
+
+    def prompt_prefix(self, example: Example | None = None) -> list[dict[str, str]]:
+        """Chat messages that let an instruct model follow the task zero-shot: :attr:`answer_format` as the system
+        message, then ``example`` (pass a training example, never a held-out one) as one worked user/assistant
+        exchange. A worked exchange in its own turns is followed far more reliably than one described inside the
+        system message (SmolLM2-135M-Instruct, 1-digit sums: 50% vs 8% of 24 answered in the format)."""
+        messages = [{"role": "system", "content": self.answer_format}]
+        if example is not None and self.show_example:
+            messages += [
+                {"role": "user", "content": example.prompt},
+                {"role": "assistant", "content": example.completion},
+            ]
+        return messages
+
     @abstractmethod
     def generate(self, n: int, seed: int) -> list[Example]:
         """Return ``n`` examples, a pure function of the task's parameters, ``n`` and ``seed``."""

@@ -36,6 +36,9 @@ class ArithmeticTask(Task):
     """
 
     name = "arithmetic"
+    answer_format = (
+        "Evaluate the expression strictly left to right and give the result inside <answer></answer> tags."
+    )
 
     digits: int = 2
     ops: str = "+-*"

@@ -55,6 +55,7 @@ class LengthTask(Task):
     """
 
     name = "length"
+    answer_format = "Reply with exactly the requested number of words and nothing else."
 
     min_words: int = 5
     max_words: int = 40
