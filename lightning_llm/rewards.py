@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning_llm.text import extract_answer, length_score, normalize_answer, parse_forecast, word_count
 
@@ -34,6 +34,7 @@ __all__ = [
     "length_score",
     "parse_forecast",
     "register_reward",
+    "resolve_rewards",
     "reward_names",
     "word_count",
 ]
@@ -219,3 +220,29 @@ def forecasting_brier_reward(completions: Sequence[str], examples: Sequence[Exam
         forecasting_score(c, e.answer, outcome=_forecast_outcome(e), accuracy=False)
         for c, e in zip(completions, examples, strict=True)
     ]
+
+
+def resolve_rewards(specs: Sequence[str | RewardFn], task: Any = None) -> list[tuple[str, Any]]:
+    """``(name, function)`` for each reward spec: a callable as is, ``"task"`` the synthetic ``task``'s verifier,
+    ``"env"`` the marker ``"env"`` (the environment scores its own episodes), any other name the registered
+    reward."""
+    resolved: list[tuple[str, Any]] = []
+    for spec in specs:
+        if callable(spec):
+            resolved.append((getattr(spec, "__name__", "reward"), spec))
+        elif spec == "task":
+            if task is None:
+                raise ValueError("reward 'task' needs a DataModule with a synthetic task (data.task)")
+            resolved.append(("task", _task_reward(task)))
+        elif spec == "env":
+            resolved.append(("env", "env"))
+        else:
+            resolved.append((spec, get_reward(spec)))
+    return resolved
+
+
+def _task_reward(task: Any) -> RewardFn:
+    def task_reward(completions: Sequence[str], examples: Sequence[Any]) -> list[float]:
+        return [task.score(c, e) for c, e in zip(completions, examples, strict=True)]
+
+    return task_reward

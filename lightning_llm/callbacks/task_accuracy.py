@@ -12,6 +12,7 @@ from typing_extensions import override
 
 if TYPE_CHECKING:
     from lightning_llm.datamodules.tasks import Task
+    from lightning_llm.text import PromptPrefix
     from lightning_llm.types import Example
 
 __all__ = ["TaskAccuracy", "score_completions"]
@@ -24,7 +25,7 @@ def score_completions(
     *,
     max_new_tokens: int = 32,
     batch_size: int = 64,
-    system_prompt: str | None = None,
+    system_prompt: PromptPrefix = None,
 ) -> list[float]:
     """Generate one greedy completion per example with ``module.generate`` and score it with ``task.score``."""
     scores: list[float] = []

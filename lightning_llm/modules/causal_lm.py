@@ -163,7 +163,7 @@ class CausalLMModule(BackboneModule):
         max_new_tokens: int = 32,
         temperature: float = 0.0,
         top_p: float = 1.0,
-        system_prompt: str | None = None,
+        system_prompt: PromptPrefix = None,
     ) -> list[str]:
         """Complete user messages, rendered with the tokenizer's chat template. ``temperature=0`` is greedy."""
         enc = self.encode_prompts(prompts, system_prompt=system_prompt)

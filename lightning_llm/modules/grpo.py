@@ -23,7 +23,7 @@ from lightning_llm.lora import LoRAConfig, fold_adapters, lora_layers
 from lightning_llm.modules.base import BackboneModule
 from lightning_llm.modules.causal_lm import warmup_cosine
 from lightning_llm.modules.reference import ReferencePolicy
-from lightning_llm.rewards import RewardFn, get_reward, reward_names
+from lightning_llm.rewards import get_reward, resolve_rewards, reward_names
 from lightning_llm.rl import (
     HFEngine,
     PolicyLossStep,
@@ -33,36 +33,9 @@ from lightning_llm.rl import (
     Sampling,
     run_episodes,
 )
+from lightning_llm.rl.advantages import group_advantages
 
 __all__ = ["GRPOModule", "group_advantages"]
-
-
-def group_advantages(
-    rewards: Tensor,
-    group_ids: Tensor,
-    scale: Literal["group", "batch", "none"],
-    eps: float = 1e-4,
-    batch_std: Tensor | None = None,
-) -> Tensor:
-    r"""Sequence advantages :math:`A_i = (r_i - \bar r_{g(i)}) / s`.
-
-    ``s`` is the (unbiased) std of the row's group (``"group"``, as in DeepSeekMath/TRL), of the whole batch
-    (``"batch"``; pass ``batch_std`` when the batch spans several processes) or 1 (``"none"``, as in Dr. GRPO).
-    """
-    num_groups = int(group_ids.max()) + 1
-    counts = torch.bincount(group_ids, minlength=num_groups).to(rewards.dtype)
-    means = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(
-        0, group_ids, rewards
-    )
-    means = means / counts
-    centred = rewards - means[group_ids]
-    if scale == "none":
-        return centred
-    if scale == "batch":
-        return centred / ((rewards.std() if batch_std is None else batch_std) + eps)
-    sq = torch.zeros_like(means).index_add_(0, group_ids, centred**2)
-    std = (sq / (counts - 1).clamp(min=1)).sqrt()
-    return centred / (std[group_ids] + eps)
 
 
 class GRPOModule(BackboneModule):
@@ -195,11 +168,10 @@ class GRPOModule(BackboneModule):
             raise ValueError(
                 f"max_new_tokens and eval_max_new_tokens must be >= 1, got {max_new_tokens}, {eval_max_new_tokens}"
             )
+        # an unknown (or unregistered, on reload) reward name fails here, not at the first step
         for spec in rewards:
             if isinstance(spec, str) and spec not in ("task", "env"):
-                get_reward(
-                    spec
-                )  # an unknown (or unregistered, on reload) name fails here, not at the first step
+                get_reward(spec)
         self.save_hyperparameters(ignore=["env", "rewards", "lora"])
         self.hparams["env"] = env if isinstance(env, str) else None
         # Names of registered rewards (strings, or callables registered with register_reward) reload with the
@@ -257,19 +229,7 @@ class GRPOModule(BackboneModule):
     def _rewards(self) -> list[tuple[str, Any]]:
         if self._reward_fns is None:
             task = getattr(self.trainer.datamodule, "task", None) if self._trainer is not None else None
-            resolved: list[tuple[str, Any]] = []
-            for spec in self.reward_specs:
-                if callable(spec):
-                    resolved.append((getattr(spec, "__name__", "reward"), spec))
-                elif spec == "task":
-                    if task is None:
-                        raise ValueError("reward 'task' needs a DataModule with a synthetic task (data.task)")
-                    resolved.append(("task", _task_reward(task)))
-                elif spec == "env":
-                    resolved.append(("env", "env"))
-                else:
-                    resolved.append((spec, get_reward(spec)))
-            self._reward_fns = resolved
+            self._reward_fns = resolve_rewards(self.reward_specs, task)
         return self._reward_fns
 
     def _score(self, completions: list[str], examples: list[Any], states: list[Any]) -> dict[str, Tensor]:
@@ -649,10 +609,3 @@ class GRPOModule(BackboneModule):
     def on_fit_end(self) -> None:
         if self.hparams.save_dir and self.trainer.is_global_zero:
             save_backbone(self.model, self.tokenizer, self.hparams.save_dir)
-
-
-def _task_reward(task: Any) -> RewardFn:
-    def task_reward(completions: Sequence[str], examples: Sequence[Any]) -> list[float]:
-        return [task.score(c, e) for c, e in zip(completions, examples, strict=True)]
-
-    return task_reward
