@@ -13,8 +13,18 @@ def test_there_are_configs():
     assert CONFIGS
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_config_fast_dev_run(config, tmp_path, monkeypatch, tiny_backbone):
+def _uses_real_model(config: Path) -> bool:
+    return "model: smollm2-135m" in config.read_text()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [pytest.param(c, marks=pytest.mark.pretrained) if _uses_real_model(c) else c for c in CONFIGS],
+    ids=lambda p: p.name,
+)
+def test_config_fast_dev_run(config, tmp_path, monkeypatch, tiny_backbone, request):
+    if _uses_real_model(config):
+        request.getfixturevalue("smollm2_dir")  # the shared, converted SmolLM2 (fetched once)
     monkeypatch.chdir(tmp_path)  # configs write relative run directories
     main(["fit", "--config", str(config), "--trainer.fast_dev_run=true"])
 
