@@ -1,6 +1,7 @@
-"""Behaviour: GRPO raises the task reward of a warmed-up tiny model (seeded, CPU, ~30 s)."""
+"""Behaviour: GRPO raises the task reward of a warmed-up tiny model (3 seeds, CPU, ~30 s each)."""
 
 import lightning as L
+import pytest
 from lightning.pytorch.callbacks import Callback
 
 from lightning_llm.callbacks import SFTWarmup
@@ -20,8 +21,9 @@ def _mean(xs):
     return sum(xs) / len(xs)
 
 
-def test_grpo_raises_reward_of_warmed_up_model(tmp_path, tiny_backbone):
-    L.seed_everything(0)
+def _gain(seed, tmp_path):
+    """Sampled reward over the last 30 minus the first 30 of 150 GRPO steps after a 150-step SFT warm-up."""
+    L.seed_everything(seed)
     rewards = _Rewards()
     trainer = L.Trainer(
         max_steps=150,
@@ -31,16 +33,22 @@ def test_grpo_raises_reward_of_warmed_up_model(tmp_path, tiny_backbone):
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        default_root_dir=tmp_path,
+        default_root_dir=tmp_path / str(seed),
         callbacks=[SFTWarmup(steps=150, lr=3e-3, batch_size=32), rewards],
     )
     data = PromptDataModule(
         task="arithmetic", task_kwargs={"digits": 1, "ops": "+"}, num_train=80, num_val=16, batch_size=8
     )
     trainer.fit(GRPOModule(group_size=8, max_new_tokens=6, lr=5e-4), data)
-    first, last = _mean(rewards.values[:30]), _mean(rewards.values[-30:])
-    # First seen: about 0.22 -> 0.45 (sampled completions, temperature 1, 64 per step). Re-measured on the CI
-    # host of 2026-12-04 (new CPU, every float trajectory changed; the old margin of 0.1 failed there): seed 0
-    # 0.317 -> 0.377, seed 1 0.314 -> 0.395, seed 2 0.288 -> 0.390 (gains +0.06 / +0.08 / +0.10). The margin is
-    # set below the smallest of these; the effect here is a third of the first measurement's.
-    assert last > first + 0.04, (first, last)
+    return _mean(rewards.values[-30:]) - _mean(rewards.values[:30])
+
+
+@pytest.mark.slow
+def test_grpo_raises_reward_of_warmed_up_model(tmp_path, tiny_backbone):
+    """Paired over seeds 0-2: each seed's late reward against its own early reward (sampled, temperature 1, 64
+    completions per step). Measured on the CI host of 2026-12-04: gains +0.06 / +0.08 / +0.10 (first host: about
+    +0.23). The mean must exceed half the measured mean gain (0.04) and no seed may lose reward."""
+    gains = [_gain(seed, tmp_path) for seed in (0, 1, 2)]
+    print("reward gains per seed:", gains)
+    assert sum(gains) / len(gains) > 0.04, gains
+    assert min(gains) > 0.0, gains

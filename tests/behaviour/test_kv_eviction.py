@@ -1,4 +1,4 @@
-"""Behaviour: at a 25% KV budget, the learned indexer + latent memory >= the indexer > StreamingLLM
+"""Behaviour: at a 25% KV budget, the learned indexer > StreamingLLM
 (docs/methods.md §11); at 10%, where the indexer cannot keep the needle, the memory gives it back.
 
 The tiny backbone is first taught single-needle retrieval (``train_retrieval_backbone``: batches of 32 chat prompts,
@@ -13,10 +13,11 @@ Measured at seed 0 (one thread, fp32): at 25%, StreamingLLM 0.14, indexer 1.00, 
 indexer 0.85, indexer + memory 1.00. The table over seeds, budgets and baselines, and how this recipe was found,
 are in docs/methods.md §11. The backbone's retrieval is seed-dependent, so the test uses seed 0 only.
 
-Asserted, at seed 0: full cache >= 0.95; at 25%, indexer >= StreamingLLM + 0.4 and indexer + memory >= indexer
-(a tie here, 1.00 = 1.00: when the indexer keeps the needle there is nothing for the memory to add); at 10%,
-indexer + memory >= indexer + 0.1; equal budgets and peak cache bytes with and without memory; more than 70% of
-the tokens evicted at 25%; the gates trained away from their initial value.
+Asserted, at seed 0: full cache >= 0.95; at 25%, indexer >= StreamingLLM + 0.4; at 10%, indexer + memory >=
+indexer + 0.1; more than 70% of the tokens evicted at 25%; the gates trained away from their initial value. At
+25% the two tie (1.00 = 1.00: when the indexer keeps the needle there is nothing for the memory to add), so that
+comparison is not asserted; that the memory uses no extra KV slots is a unit test
+(``tests/eviction/test_indexmem.py``).
 """
 
 from __future__ import annotations
@@ -62,12 +63,8 @@ def test_indexer_and_memory_beat_streaming_llm_and_memory_recovers_evicted_needl
     full = accuracy(FullCache(), ratio=None).accuracy
     streaming = accuracy(StreamingLLM(sinks=2, window=2)).accuracy
     indexer = accuracy(trained.policy())
-    with_memory = accuracy(trained.policy(), trained.memory)
     assert full >= 0.95, full
     assert indexer.accuracy >= streaming + 0.4, (indexer.accuracy, streaming)
-    assert with_memory.accuracy >= indexer.accuracy, (with_memory.accuracy, indexer.accuracy)
-    # the same cache budget: the memory does not buy accuracy with extra KV slots
-    assert with_memory.budgets == indexer.budgets and with_memory.peak_cache_bytes == indexer.peak_cache_bytes
     assert indexer.evicted_fraction > 0.7
     # a tenth of the prompt: the indexer keeps the needle less often, the memory's slot gives it back
     indexer_10 = accuracy(trained.policy(), ratio=0.1)
@@ -76,6 +73,5 @@ def test_indexer_and_memory_beat_streaming_llm_and_memory_recovers_evicted_needl
         with_memory_10.accuracy,
         indexer_10.accuracy,
     )
-    assert with_memory_10.peak_cache_bytes == indexer_10.peak_cache_bytes
     gates = torch.cat([torch.sigmoid(g.bias) for g in trained.memory.gates])
     assert not torch.allclose(gates, torch.full_like(gates, torch.sigmoid(torch.tensor(-3.0)).item()))

@@ -64,6 +64,5 @@ def test_sequential_training_beats_block_training_on_special_tokens_and_delta_lo
     block = _train_and_score(chat_model, "block", quiet_trainer)
     assert block["val/mse_special"] > 1.3 * sequential["val/mse_special"], (sequential, block)
     assert abs(sequential["val/delta_loss"]) + 0.002 < abs(block["val/delta_loss"]), (sequential, block)
-    # Same budget, same architecture: both are k-sparse and reconstruct most of the variance.
-    assert sequential["val/l0"] == pytest.approx(8.0) and block["val/l0"] == pytest.approx(8.0)
+    # both reconstruct most of the variance (TopK's L0 = k is a unit test: tests/modules/test_sae.py)
     assert sequential["val/explained_variance"] > 0.9

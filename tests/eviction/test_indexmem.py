@@ -387,3 +387,22 @@ def test_softmax_memory_needs_the_cache_and_trains(model, quiet_trainer, tmp_pat
     loaded = IndexMemModule.from_pretrained(tmp_path)
     assert loaded.memory.mode == "softmax"
     assert torch.equal(loaded.memory.log_mass_scale, module.memory.log_mass_scale)
+
+
+def test_memory_uses_no_extra_kv_slots(model, prompt, indexers, memory):
+    """The memory adds a readout, never cache entries: per-layer cache statistics and peak KV bytes are those of
+    the indexer alone at the same budget (the behaviour test compares accuracies at exactly these budgets)."""
+    runs = [
+        generate_with_budget(
+            model,
+            prompt,
+            policy=IndexerPolicy(indexers, sinks=2, window=2),
+            budget=8,
+            max_new_tokens=4,
+            memory=m,
+        )
+        for m in (None, memory)
+    ]
+    assert memory.evicted_tokens > 0
+    assert runs[0].cache_stats == runs[1].cache_stats  # as many tokens kept and evicted, layer by layer
+    assert runs[0].peak_cache_bytes == runs[1].peak_cache_bytes

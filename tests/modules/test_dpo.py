@@ -103,7 +103,7 @@ def test_lora_reference_is_the_base_with_adapters_off_and_no_copy(tiny_backbone)
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
     with torch.no_grad():
-        pc, pr, rc, rr, _ = module.pair_logprobs(batch)
+        pc, _pr, rc, _rr, _ = module.pair_logprobs(batch)
         base, *_ = DPOModule().pair_logprobs(batch)
     assert module.reference.kind == "adapters-off"
     torch.testing.assert_close(rc, base)  # the reference is the un-adapted model...
