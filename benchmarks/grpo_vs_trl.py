@@ -17,20 +17,33 @@ batch, clip 0.2, token-mean loss (TRL ``dapo``), group-std reward scaling; AdamW
 Not matched (each library as it is): RNG streams, so completions and their lengths differ (recorded;
 ``--min-new-tokens`` forces equal work); log-probs (ours ``fused_linear_logprobs`` on completion tokens, TRL's
 chunked LM head on every position); TRL re-tokenises prompts every step, ours logs ~15 scalars; memory
-baselines differ by framework, so only the increase over each process's pre-training RSS is compared.
+baselines differ by framework, so only the increase over each process's pre-training RSS is compared (the
+model, with its adapters, is built before that baseline on both sides).
 
-    python benchmarks/grpo_vs_trl.py                        # 4 prompts x 8, 32 new tokens, 5 reps x 10 steps
-    python benchmarks/grpo_vs_trl.py --model HuggingFaceTB/SmolLM2-135M-Instruct --max-new-tokens 64
+LoRA (``--lora-r``): our ``LoRAConfig`` and PEFT's ``LoraConfig`` with the same rank, alpha, target modules
+(``--lora-targets``, default every attention and MLP projection) and no dropout; only the adapters train, and
+the parent checks that both sides' optimizers see the same number of trainable parameters.
+
+Settings share one results file: a run replaces the rows of its own setting (named in the metric) and keeps
+the others' (``--fresh`` drops them); each setting's config, checks and provenance are under
+``details["settings"]``.
+
+    python benchmarks/grpo_vs_trl.py                        # tiny: 4 prompts x 8, 32 new tokens, 5 reps x 10 steps
+    python benchmarks/grpo_vs_trl.py --model smollm2-135m --lora-r 16 --lora-alpha 32 --prompts 2 \
+        --group-size 4 --max-new-tokens 16 --min-new-tokens 16 --warmup 1 --steps 3   # SmolLM2 + LoRA
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from _harness import (
+    RESULTS_DIR,
     StepClock,
     column,
     digest,
@@ -67,24 +80,41 @@ def _examples(dm: Any) -> list[Any]:
     return [item["example"] for item in dm._train_data]
 
 
+def _targets(args: argparse.Namespace) -> list[str]:
+    return [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+
+
+def _trainable(model: Any) -> int:
+    """Parameters the optimizer updates (all of them, or the adapters under LoRA)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def _run_ours(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
     import lightning as L
 
+    from lightning_llm.lora import LoRAConfig
     from lightning_llm.modules.grpo import GRPOModule
     from lightning_llm.trainer import quiet_trainer
 
     L.seed_everything(args.seed, verbose=False)
     dm = _datamodule(args)
+    lora = (
+        LoRAConfig(r=args.lora_r, alpha=args.lora_alpha, target_modules=_targets(args), dropout=0.0)
+        if args.lora_r
+        else None
+    )
     # fmt: off
     module = GRPOModule(
         model=args.model, rewards=["task"], group_size=args.group_size, max_new_tokens=args.max_new_tokens,
         temperature=1.0, top_p=1.0, lr=args.lr, beta=0.0, ppo_epochs=1, mini_batches=1,
         loss_aggregation="token-mean", scale_rewards="group", epsilon=0.2, max_grad_norm=1.0,
-        weight_decay=0.0,
+        weight_decay=0.0, lora=lora,
     )
     # fmt: on
+    model = module.model  # built (and adapted) now, so the memory baseline holds it, as TRL's does
     if args.min_new_tokens:
-        module.model.generation_config.min_new_tokens = args.min_new_tokens
+        model.generation_config.min_new_tokens = args.min_new_tokens
+    trainable = _trainable(model)
 
     class Timer(L.Callback):
         def on_train_start(self, *_: Any) -> None:
@@ -100,7 +130,7 @@ def _run_ours(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
     trainer.fit(module, datamodule=dm)
     if trainer.global_step != total:
         raise RuntimeError(f"ours ran {trainer.global_step} optimizer steps, expected {total}")
-    return {"inputs": digest([ex.prompt for ex in _examples(dm)])}
+    return {"inputs": digest([ex.prompt for ex in _examples(dm)]), "trainable_params": trainable}
 
 
 def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
@@ -108,9 +138,21 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from lightning_llm.backbones import resolve_backbone
+
     dm = _datamodule(args)
     task, examples = dm.task, _examples(dm)
-    path = dm.tokenizer.name_or_path
+    path = resolve_backbone(args.model)
+    peft_config = None
+    if args.lora_r:
+        from peft import LoraConfig
+
+        # fmt: off
+        peft_config = LoraConfig(
+            r=args.lora_r, lora_alpha=args.lora_alpha, target_modules=_targets(args), lora_dropout=0.0,
+            bias="none", task_type="CAUSAL_LM",
+        )
+        # fmt: on
     dataset = Dataset.from_dict(
         {
             "prompt": [[{"role": "user", "content": ex.prompt}] for ex in examples],
@@ -144,7 +186,9 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
             args=config,
             train_dataset=dataset,
             processing_class=AutoTokenizer.from_pretrained(path),
+            peft_config=peft_config,
         )
+        trainable = _trainable(trainer.model)
 
         class Timer(TrainerCallback):
             def on_train_begin(self, *_: Any, **__: Any) -> None:
@@ -159,7 +203,10 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
         trainer.train()
         if trainer.state.global_step != total:
             raise RuntimeError(f"TRL ran {trainer.state.global_step} optimizer steps, expected {total}")
-    return {"inputs": digest([conv[0]["content"] for conv in dataset["prompt"]])}
+    return {
+        "inputs": digest([conv[0]["content"] for conv in dataset["prompt"]]),
+        "trainable_params": trainable,
+    }
 
 
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -183,6 +230,41 @@ def _prompt_check(args: argparse.Namespace) -> dict[str, Any]:
     return {"prompt_tokens_identical": ours == trl, "prompts_compared": len(ours)}
 
 
+def _unit(config: dict[str, Any]) -> str:
+    """The setting a run measured, as its rows name it (also the key of its provenance in ``details``)."""
+    lengths = f"{config['max_new_tokens']} new tokens"
+    if config.get("min_new_tokens"):
+        lengths += f" (min {config['min_new_tokens']})"
+    model = config["model"] + (f" + LoRA r={config['lora_r']}" if config.get("lora_r") else "")
+    return f"{config['prompts']} prompts x {config['group_size']}, {lengths}, {model}, fp32, cpu"
+
+
+def _provenance(payload: dict[str, Any]) -> dict[str, Any]:
+    keys = ("passed", "checks", "config", "versions", "machine", "date")
+    return {k: payload[k] for k in keys} | {"metrics": [r["metric"] for r in payload["summary"]]}
+
+
+def _merge(payload: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``payload`` with the rows of the other settings already in ``path`` kept (this setting's replaced), and
+    every setting's config, checks and provenance under ``details["settings"][unit]``; passed only if all
+    settings passed. The top-level config and checks are this run's."""
+    settings: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    unit = _unit(payload["config"])
+    if path.is_file():
+        old = json.loads(path.read_text())
+        settings = old["details"].get("settings") or {_unit(old["config"]): _provenance(old)}
+        settings.pop(unit, None)
+        mine = {r["metric"] for r in payload["summary"]}
+        rows = [r for r in old["summary"] if r["metric"] not in mine]
+    settings[unit] = _provenance(payload)
+    return payload | {
+        "summary": rows + payload["summary"],
+        "passed": all(s["passed"] for s in settings.values()),
+        "details": {**payload["details"], "settings": settings},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = parser(__doc__, warmup=3, sides=SIDES)
@@ -194,18 +276,35 @@ def main(argv: list[str] | None = None) -> int:
         "--min-new-tokens", type=int, default=0, help="force at least this many tokens on both sides"
     )
     p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--lora-r", type=int, default=0, help="LoRA rank on both sides (0: train all weights)")
+    p.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2 x rank)")
+    p.add_argument(
+        "--lora-targets",
+        default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        help="comma-separated module names that get adapters (both sides)",
+    )
     p.add_argument("--digits", type=int, default=2, help="operand digits of the arithmetic task")
     p.add_argument("--steps", type=int, default=10, help="timed steps per repetition")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fresh", action="store_true", help="drop the other settings' rows from the results file")
     args = p.parse_args(argv)
+    if args.lora_r < 0:
+        p.error(f"--lora-r must be >= 0, got {args.lora_r}")
+    if args.lora_r and args.lora_alpha is None:
+        args.lora_alpha = 2.0 * args.lora_r
     if args.worker:
         return worker_main(args, _worker)
 
     checks = _prompt_check(args)
     runs = run_workers(__file__, SIDES, worker_argv(argv), args.reps)
     checks["inputs_identical"] = True  # run_workers raises otherwise
+    checks["trainable_params"] = {s: sorted(set(column(runs[s], "trainable_params"))) for s in SIDES}
+    checks["trainable_params_identical"] = (
+        len({n for v in checks["trainable_params"].values() for n in v}) == 1
+    )
     checks["completion_length"] = {s: column(runs[s], "completion_length") for s in SIDES}
-    unit = f"{args.prompts} prompts x {args.group_size}, {args.max_new_tokens} new tokens, {args.model}, fp32, cpu"
+    config = {**vars(args), "worker": None, "no_write": None, "fresh": None}
+    unit = _unit(config)
     ours, peer = "GRPOModule (Lightning)", "TRL GRPOTrainer"
     # fmt: off
     summary = [
@@ -219,11 +318,13 @@ def main(argv: list[str] | None = None) -> int:
         NAME,
         __doc__,
         summary,
-        config={**vars(args), "worker": None, "no_write": None},
+        config=config,
         checks=checks,
-        passed=checks["prompt_tokens_identical"],
-        packages=("torch", "transformers", "trl", "accelerate", "lightning", "datasets", "psutil"),
+        passed=checks["prompt_tokens_identical"] and checks["trainable_params_identical"],
+        packages=("torch", "transformers", "trl", "peft", "accelerate", "lightning", "datasets", "psutil"),
     )
+    if not args.no_write and not args.fresh:
+        payload = _merge(payload, RESULTS_DIR / f"{NAME}{f'-{args.tag}' if args.tag else ''}.json")
     return finish(payload, args)
 
 

@@ -207,3 +207,31 @@ def test_trivial_two_sided_benchmark_end_to_end(bench, tmp_path, monkeypatch, ca
     assert "| trivial | t | a | b |" in make_table.render_table(make_table.load_rows(tmp_path / "results"))
     with pytest.raises(RuntimeError, match="different inputs"):
         h.run_workers(str(script), ("ours", "skew"), ["--n", "100", "--threads", "0"], reps=1)
+
+
+def test_grpo_vs_trl_settings_share_one_results_file(bench, tmp_path, monkeypatch):
+    """A run of one setting replaces that setting's rows and keeps the other settings' rows and provenance."""
+    h, make_table = bench
+    monkeypatch.delitem(sys.modules, "grpo_vs_trl", raising=False)
+    grpo = importlib.import_module("grpo_vs_trl")
+    base = {"model": "tiny", "prompts": 4, "group_size": 8, "max_new_tokens": 32, "min_new_tokens": 0}
+    lora = {**base, "model": "smollm2-135m", "prompts": 2, "lora_r": 16, "min_new_tokens": 16}
+    assert grpo._unit(base) == "4 prompts x 8, 32 new tokens, tiny, fp32, cpu"  # the tiny rows' names
+    assert grpo._unit(lora) == "2 prompts x 8, 32 new tokens (min 16), smollm2-135m + LoRA r=16, fp32, cpu"
+
+    def payload(config: dict, value: float, passed: bool = True) -> dict:
+        rows = [h.row("grpo_vs_trl", f"t ({grpo._unit(config)})", "a", "b", [value] * 5, [1.0] * 5, "lower")]
+        return h.result("grpo_vs_trl", "doc", rows, config=config, passed=passed)
+
+    path = tmp_path / "grpo_vs_trl.json"
+    assert grpo._merge(payload(base, 0.5), path)["details"]["settings"].keys() == {grpo._unit(base)}
+    h.write_result(payload(base, 0.5), results_dir=tmp_path)  # a file from before settings were recorded
+    merged = grpo._merge(payload(lora, 2.0, passed=False), path)
+    h.write_result(merged, results_dir=tmp_path)
+    assert [r["metric"] for r in merged["summary"]] == [f"t ({grpo._unit(c)})" for c in (base, lora)]
+    assert merged["details"]["settings"].keys() == {grpo._unit(base), grpo._unit(lora)}
+    assert merged["passed"] is False and merged["config"] == lora
+    again = grpo._merge(payload(lora, 0.25), path)  # the same setting again: its row replaced, not added
+    assert [r["ours_value"]["median"] for r in again["summary"]] == [0.5, 0.25]
+    assert again["passed"] is True and len(again["details"]["settings"]) == 2
+    assert len(make_table.render_table(again["summary"]).splitlines()) == 4
