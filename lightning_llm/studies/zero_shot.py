@@ -125,10 +125,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=32, help="held-out examples per seed")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--settings", nargs="+", help="only these settings (labels of SETTINGS)")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="replace those settings' rows in an existing --out, keep the rest",
+    )
     args = parser.parse_args(argv)
-    if args.out.exists():
-        raise SystemExit(f"{args.out} exists; remove it or choose another --out")
-    result = run(args.model, args.n, args.seeds)
+    if args.out.exists() and not args.update:
+        raise SystemExit(f"{args.out} exists; remove it, choose another --out, or pass --update")
+    chosen = [s for s in SETTINGS if not args.settings or s[0] in args.settings]
+    if args.settings and len(chosen) != len(args.settings):
+        raise SystemExit(f"unknown settings; known: {[s[0] for s in SETTINGS]}")
+    result = run(args.model, args.n, args.seeds, chosen)
+    if args.update and args.out.exists():
+        old = json.loads(args.out.read_text())
+        if (old["model"], old["n_per_seed"], old["seeds"]) != (
+            result["model"],
+            result["n_per_seed"],
+            result["seeds"],
+        ):
+            raise SystemExit(f"{args.out} was measured with another model, n or seeds; cannot update it")
+        new = {row["setting"]: row for row in result["rows"]}
+        result["rows"] = [new.pop(row["setting"], row) for row in old["rows"]] + list(new.values())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 

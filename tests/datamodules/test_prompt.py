@@ -103,8 +103,15 @@ def test_system_prompt_task_needs_a_task():
         PromptDataModule(task=None, source="data.jsonl", system_prompt="task")
 
 
-def test_long_prompts_get_the_format_only():
-    from lightning_llm.datamodules import PromptDataModule
+def test_a_task_can_withhold_the_worked_example():
+    from dataclasses import dataclass
 
-    data = PromptDataModule(task="needle", system_prompt="task", num_train=8, num_val=2, max_length=1024)
-    assert [m["role"] for m in data.system_prompt] == ["system"]
+    from lightning_llm.datamodules.tasks import NeedleTask
+
+    @dataclass(frozen=True)
+    class Bare(NeedleTask):
+        show_example = False
+
+    example = NeedleTask().generate(1, seed=0)[0]
+    assert [m["role"] for m in NeedleTask().prompt_prefix(example)] == ["system", "user", "assistant"]
+    assert [m["role"] for m in Bare().prompt_prefix(example)] == ["system"]

@@ -38,7 +38,7 @@ class Task(ABC):
 
     #: The completion format, said in one sentence to a model that has never seen the task.
     answer_format: ClassVar[str] = "Give your final answer inside <answer></answer> tags."
-    #: Whether :meth:`prompt_prefix` shows a worked example (off for tasks whose prompts are very long).
+    #: Whether :meth:`prompt_prefix` shows a worked example (a task may withhold it: instructions alone).
     show_example: ClassVar[bool] = True
 
     def prompt_prefix(self, example: Example | None = None) -> list[dict[str, str]]:

@@ -174,7 +174,6 @@ class AssociativeRecallTask(Task):
     """
 
     name = "associative_recall"
-    show_example = False  # a worked example would double an already long prompt
 
     num_pairs: int = 16
     num_queries: int = 1
@@ -335,7 +334,6 @@ class NeedleTask(Task):
     """
 
     name = "needle"
-    show_example = False  # a worked example would double an already long prompt
 
     haystack_words: int = 200
     depth: float | None = None
@@ -375,7 +373,6 @@ class MultiKeyNeedleTask(Task):
     """
 
     name = "multikey_needle"
-    show_example = False  # a worked example would double an already long prompt
 
     haystack_words: int = 200
     num_needles: int = 4
