@@ -10,6 +10,7 @@ BPE vocabulary in which ``"</search>"`` is three tokens, pad == eos).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,12 @@ def _fit(
     data: dict[str, Any] | None = None,
     callbacks: dict[str, dict[str, Any]] | None = None,
     extra_callbacks: list[dict[str, Any]] = (),
+    edit: Callable[[dict[str, Any]], None] | None = None,
 ):
-    """Run ``configs/{name}.yaml`` on SmolLM2 through the CLI (one fast-dev-run step); returns the CLI object."""
+    """Run ``configs/{name}.yaml`` on SmolLM2 through the CLI (one fast-dev-run step); returns the CLI object.
+
+    ``model`` / ``data`` / ``callbacks`` (by class name) update init_args after the shared shrinking; ``edit``
+    changes the loaded config in place last."""
     from lightning.pytorch import LightningDataModule, LightningModule
 
     from lightning_llm.cli import LightningLLMCLI
@@ -73,6 +78,8 @@ def _fit(
         args.update({k: v for k, v in CALLBACKS.get(short, {}).items() if k in args})
         args.update((callbacks or {}).get(short, {}))
     trainer["default_root_dir"] = str(tmp_path / "run")
+    if edit is not None:
+        edit(config)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return LightningLLMCLI(
@@ -119,8 +126,42 @@ def test_multi_turn_search_grpo_with_llds(run_dir):
     assert len(cli.model.tokenizer("</search>", add_special_tokens=False)["input_ids"]) > 1
 
 
+def test_multi_token_stop_string_ends_a_smollm2_turn(smollm2):
+    """Greedy SmolLM2 continues the pattern with ``</search> <search>New York</search>``: the turn is cut right
+    after the first ``</search>`` (three tokens), with or without the engine stopping early."""
+    from lightning_llm.envs import Environment, EnvReply
+    from lightning_llm.rl import HFEngine, Sampling, run_episodes
+
+    class OneTurn(Environment):
+        stop_strings, max_turns = ("</search>", "</answer>"), 1
+
+        def reset(self, example):
+            return []
+
+        def step(self, state, turn):
+            state.append(turn)
+            return EnvReply(None, done=True)
+
+        def reward(self, state, example, completion):
+            return 0.0
+
+    model, tok = smollm2
+    enc = tok(["<search>Paris</search> <search>Rome</search> <search>Berlin"], return_tensors="pt")
+    greedy = Sampling(max_new_tokens=12, temperature=0.0)
+    for engine in (HFEngine(model, tok), HFEngine(model)):  # stops at the string / generates all 12 tokens
+        env = OneTurn()
+        ids, loss_mask, states = run_episodes(
+            engine, tok, enc["input_ids"], enc["attention_mask"], [None], sampling=greedy, env=env
+        )
+        assert states == [["</search>"]]
+        assert tok.decode(ids[0][loss_mask[0]]) == "</search>"
+
+
 def test_twenty_questions_grpo_with_delta_belief(run_dir):
-    cli = _fit("delta_belief", run_dir)
+    def two_turns(config):
+        config["model"]["init_args"]["env"]["init_args"]["max_turns"] = 2
+
+    cli = _fit("delta_belief", run_dir, edit=two_turns)
     assert cli.trainer.global_step == 1
 
 
@@ -135,7 +176,7 @@ def test_grpo_with_recontextualization(run_dir):
 
 
 def test_grpo_on_forecasting(run_dir):
-    cli = _fit("forecasting", run_dir, data={"max_length": 256, "max_chunks": 1, "val_chunks": 1})
+    cli = _fit("forecasting", run_dir, data={"max_length": 192, "max_chunks": 1, "val_chunks": 1})
     assert cli.trainer.global_step == 1
 
 
