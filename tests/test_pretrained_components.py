@@ -269,7 +269,21 @@ def test_expert_pruning_refuses_a_dense_model(run_dir):
 # ------------------------------------------------------------------------------------- Python APIs
 
 
-def test_steering_vector_trained_and_applied(smollm2):
+@pytest.fixture(scope="module")
+def smollm2_module(smollm2, smollm2_dir):
+    """A ``CausalLMModule`` around the session's SmolLM2 (no second load); used for evaluation only."""
+    from lightning_llm.modules import CausalLMModule
+
+    module = CausalLMModule(model=smollm2_dir)
+    module.model = smollm2[0]
+    return module
+
+
+def test_steering_vector_trained_and_applied(smollm2, smollm2_module, quiet_trainer):
+    """A diff-mean vector at layer 15 of 30: as a context manager around ``generate``, and as a callback that
+    steers ``trainer.validate`` only."""
+    from torch.utils.data import DataLoader
+
     from lightning_llm.callbacks import ActivationSteering, train_steering_vector
 
     model, tok = smollm2
@@ -283,12 +297,20 @@ def test_steering_vector_trained_and_applied(smollm2):
         plain = model.generate(**enc, **gen)
         with ActivationSteering(vector, layer=layer, multiplier=8.0).attach(model):
             steered = model.generate(**enc, **gen)
-            steered_logits = model(**enc).logits
-        after = model(**enc).logits
-        before = model.generate(**enc, **gen)
-    assert torch.equal(before, plain)  # hooks removed: the model computes what it did before
-    assert not torch.allclose(steered_logits, after)
+        assert torch.equal(model.generate(**enc, **gen), plain)  # hooks removed: the model is as before
     assert steered.shape == plain.shape
+
+    batch = {**enc, "labels": enc["input_ids"].clone()}
+    loader = DataLoader([batch], batch_size=None)
+    steering = ActivationSteering(vector, layer=layer, multiplier=8.0)
+    losses = [
+        quiet_trainer(callbacks=callbacks, limit_val_batches=1).validate(
+            smollm2_module, loader, verbose=False
+        )[0]
+        for callbacks in ([], [steering])
+    ]
+    assert losses[0]["val/loss"] != pytest.approx(losses[1]["val/loss"])
+    assert not steering.active and not model.training
 
 
 def test_rts_llm_agent_plays_legal_moves(smollm2):
@@ -306,7 +328,7 @@ def test_rts_llm_agent_plays_legal_moves(smollm2):
         assert not errors and 1 <= len(intents) <= 2
 
 
-def test_dualgraph_callable_backend_over_causal_lm_generate(smollm2, smollm2_dir):
+def test_dualgraph_callable_backend_over_causal_lm_generate(smollm2, smollm2_module):
     from lightning_llm.evaluation.dualgraph import (
         CallableBackend,
         LLMExtractor,
@@ -314,12 +336,10 @@ def test_dualgraph_callable_backend_over_causal_lm_generate(smollm2, smollm2_dir
         synthetic_research_world,
     )
     from lightning_llm.evaluation.dualgraph.graphs import KnowledgeGraph
-    from lightning_llm.modules import CausalLMModule
 
     model, _ = smollm2
-    module = CausalLMModule(model=smollm2_dir)
-    module.model = model  # the session's model; generate() leaves its mode as found
-    backend = CallableBackend(lambda prompts: module.generate(prompts, max_new_tokens=8))
+    # CausalLMModule.generate on the session's model (it leaves the model's mode as found)
+    backend = CallableBackend(lambda prompts: smollm2_module.generate(prompts, max_new_tokens=8))
     world = synthetic_research_world(0)
     answers = backend.complete(["Name one planet.", "Say hello."])
     assert len(answers) == 2 and all(isinstance(a, str) for a in answers)
