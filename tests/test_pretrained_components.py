@@ -121,7 +121,11 @@ def test_grpo_with_warmup_clip_b_and_entropy_monitor(run_dir):
 
 def test_multi_turn_search_grpo_with_llds(run_dir):
     """``</search>`` and ``</answer>`` are several tokens for SmolLM2: turns end on their decoded text."""
-    cli = _fit("grpo_search_llds", run_dir, model={"mini_batches": 1})
+    cli = _fit(
+        "grpo_search_llds",
+        run_dir,
+        model={"mini_batches": 2, "ppo_epochs": 1, "env_kwargs": {"top_k": 1, "max_turns": 2}},
+    )
     assert cli.trainer.global_step >= 1
     assert len(cli.model.tokenizer("</search>", add_special_tokens=False)["input_ids"]) > 1
 
