@@ -193,7 +193,7 @@ class GRPOModule(BackboneModule):
     def engine(self) -> RolloutEngine:
         """The rollout generator: ``model.generate`` (:class:`~lightning_llm.rl.HFEngine`) unless replaced."""
         if self._engine is None:
-            self._engine = HFEngine(self.model)
+            self._engine = HFEngine(self.model, self.tokenizer)
         return self._engine
 
     @engine.setter

@@ -5,6 +5,7 @@ without touching the training code."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,7 +35,11 @@ class Sampling:
 class RolloutEngine(Protocol):
     """Anything that completes left-padded prompts. Return new tokens only, right-padded with ``pad_id``.
 
-    ``stop_token_ids`` end a sequence like EOS does (the stop token is kept in the output).
+    ``stop_token_ids`` end a sequence like EOS does (the stop token is kept in the output). When an
+    environment's stop string spans several tokens, :func:`run_episodes` also passes it as ``stop_strings=``
+    to an engine whose ``generate`` takes that keyword, so it may stop the row once its new text contains
+    one; that only saves generation: :func:`run_episodes` cuts every turn right after its first stop string
+    itself, so an engine without the keyword works unchanged.
     """
 
     def generate(
@@ -49,10 +54,15 @@ class RolloutEngine(Protocol):
 
 
 class HFEngine:
-    """:class:`RolloutEngine` over a Hugging Face model's ``generate`` (the default)."""
+    """:class:`RolloutEngine` over a Hugging Face model's ``generate`` (the default).
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    Given the ``tokenizer``, multi-token ``stop_strings`` stop a row early (``generate(stop_strings=...)``);
+    without it they are left to :func:`run_episodes`' cut, after generating up to ``max_new_tokens``.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
         self.model = model
+        self.tokenizer = tokenizer
 
     @torch.no_grad()
     def generate(
@@ -63,7 +73,11 @@ class HFEngine:
         sampling: Sampling,
         stop_token_ids: list[int],
         pad_id: int,
+        stop_strings: tuple[str, ...] = (),
     ) -> Tensor:
+        extra: dict[str, Any] = {}
+        if stop_strings and self.tokenizer is not None:
+            extra = {"stop_strings": list(stop_strings), "tokenizer": self.tokenizer}
         with eval_mode(self.model):
             greedy = sampling.temperature <= 0
             out = self.model.generate(
@@ -76,6 +90,7 @@ class HFEngine:
                 top_k=None,
                 eos_token_id=stop_token_ids,
                 pad_token_id=pad_id,
+                **extra,
             )
         new = out[:, input_ids.shape[1] :]
         # HF pads finished rows with pad_id already; make sure nothing follows a stop token.
@@ -88,17 +103,45 @@ def _pad_after_stop(tokens: Tensor, stop_token_ids: list[int], pad_id: int) -> T
     return tokens.masked_fill(after, pad_id)
 
 
-def _single_token_ids(tokenizer: PreTrainedTokenizerBase, strings: tuple[str, ...]) -> list[int]:
-    ids = []
+def _split_stop_strings(
+    tokenizer: PreTrainedTokenizerBase, strings: tuple[str, ...]
+) -> tuple[list[int], tuple[str, ...]]:
+    """``(ids, texts)``: the stop strings that are one token for ``tokenizer`` as token ids (the fast path: the
+    engine stops on them like EOS), and the others as text (a turn ends once its decoded text contains one)."""
+    ids, texts = [], []
     for s in strings:
+        if not s:
+            continue
         encoded = tokenizer(s, add_special_tokens=False)["input_ids"]
-        if len(encoded) != 1:
-            raise ValueError(
-                f"stop string {s!r} is {len(encoded)} tokens for this tokenizer; multi-turn rollouts need each "
-                "stop string to be a single (added) token — add it with tokenizer.add_tokens"
-            )
-        ids.append(encoded[0])
-    return ids
+        if len(encoded) == 1:
+            ids.append(encoded[0])
+        else:
+            texts.append(s)
+    return ids, tuple(texts)
+
+
+def _takes_stop_strings(engine: RolloutEngine) -> bool:
+    """Whether ``engine.generate`` accepts the ``stop_strings`` keyword (named, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(engine.generate).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "stop_strings" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _stop_string_end(
+    tokenizer: PreTrainedTokenizerBase, turn: list[int], stop_strings: tuple[str, ...]
+) -> int:
+    """Number of tokens of ``turn`` up to and including the token that completes its first stop string (all
+    of them if none occurs). A token that runs past the stop string's end is kept whole: the turn stays the
+    tokens that were sampled."""
+    if not any(s in tokenizer.decode(turn, skip_special_tokens=False) for s in stop_strings):
+        return len(turn)
+    for end in range(1, len(turn) + 1):
+        text = tokenizer.decode(turn[:end], skip_special_tokens=False)
+        if any(s in text for s in stop_strings):
+            return end
+    return len(turn)  # pragma: no cover - the whole turn contains one, so some prefix does
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -130,6 +173,10 @@ def run_episodes(
     EOS or one of ``env.stop_strings``) and environment observations, up to ``env.max_turns`` turns or
     ``max_total_tokens`` completion tokens (default: ``max_turns × sampling.max_new_tokens``). Observation
     tokens are in ``completion_ids`` with loss-mask 0. Completions are right-padded with the pad token.
+
+    A stop string that is one token for ``tokenizer`` is passed to the engine as a stop token id; one that
+    spans several tokens (``"</search>"`` for most pretrained tokenizers) is passed as ``stop_strings=`` and
+    the turn is cut after the token whose decoded text completes it, whatever the engine generated after it.
     """
     pad_id = tokenizer.pad_token_id
     eos_id = tokenizer.eos_token_id
@@ -141,7 +188,11 @@ def run_episodes(
         mask = _completion_mask(new, [eos_id])
         return new, mask, [None] * len(examples)
 
-    stop_ids = [eos_id, *_single_token_ids(tokenizer, tuple(env.stop_strings))]
+    single_ids, stop_texts = _split_stop_strings(tokenizer, tuple(env.stop_strings))
+    stop_ids = [eos_id, *single_ids]
+    by_text: dict[str, Any] = (
+        {"stop_strings": stop_texts} if stop_texts and _takes_stop_strings(engine) else {}
+    )
     budget = max_total_tokens or env.max_turns * sampling.max_new_tokens
     prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)]
     tokens: list[list[int]] = [[] for _ in examples]
@@ -154,11 +205,15 @@ def run_episodes(
         ids, mask = left_pad([prompts[i] + tokens[i] for i in active], pad_id, device)
         room = min(sampling.max_new_tokens, max(1, budget - min(len(tokens[i]) for i in active)))
         turn_sampling = Sampling(room, sampling.temperature, sampling.top_p)
-        new = engine.generate(ids, mask, sampling=turn_sampling, stop_token_ids=stop_ids, pad_id=pad_id)
+        new = engine.generate(
+            ids, mask, sampling=turn_sampling, stop_token_ids=stop_ids, pad_id=pad_id, **by_text
+        )
         still = []
         for row, i in enumerate(active):
             turn = new[row]
             turn = turn[: int(_completion_mask(turn[None], stop_ids)[0].sum())].tolist()
+            if stop_texts:  # before the EOS check: an engine pads after a stop string, and pad may be EOS
+                turn = turn[: _stop_string_end(tokenizer, turn, stop_texts)]
             turn = turn[: max(0, budget - len(tokens[i]))]
             tokens[i] += turn
             trainable[i] += [1] * len(turn)
