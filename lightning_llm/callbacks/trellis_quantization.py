@@ -38,7 +38,8 @@ class TrellisQuantization(Callback):
     (:func:`~lightning_llm.quantization.distill_affine`; ``distill_tune`` / ``distill_steps`` / ``distill_lr``).
 
     Under ``fast_dev_run`` the trellis is encoded at ``min(L, 8)`` state bits (and at most 2 distillation
-    steps): the code path runs end to end in seconds instead of minutes; the quality is not meaningful then.
+    steps): the code path runs end to end in seconds instead of minutes; the quality is not meaningful then, and
+    nothing is written to ``save_dir`` (the model a real run saved there stays).
 
     Args:
         method: ``"proteus"``, ``"qtip-1mad"``, ``"qtip-3inst"`` or ``"rtn"``.
@@ -159,7 +160,11 @@ class TrellisQuantization(Callback):
                 else ""
             )
         )
-        if self.save_dir is not None and trainer.is_global_zero:
+        if self.save_dir is not None and quick:
+            rank_zero_info(
+                f"TrellisQuantization: fast_dev_run writes no export; save_dir={self.save_dir} is left as it is"
+            )
+        elif self.save_dir is not None and trainer.is_global_zero:
             save_quantized(model, self.save_dir)
             tokenizer = getattr(pl_module, "tokenizer", None)
             if tokenizer is not None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning as L
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_llm.backbones import load_model, load_tokenizer
-from lightning_llm.lm import apply_lora_config, check_fused_compatible, shard_fsdp2
+from lightning_llm.lm import apply_lora_config, check_fused_compatible, save_backbone, shard_fsdp2
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -24,6 +26,10 @@ class BackboneModule(L.LightningModule):
     FSDP and meta-device initialisation work) and before ``load_from_checkpoint`` restores weights. Under
     ``ModelParallelStrategy`` the model is sharded with FSDP2 (one unit per decoder layer, the embeddings and head
     in the root unit). Used without a Trainer, reading :attr:`model` builds it on the spot.
+
+    At the end of ``fit`` the module exports itself with :meth:`save_pretrained` to ``hparams.save_dir`` when one
+    is set, on global rank zero; a ``fast_dev_run`` exports nothing (it says so in the log), so a smoke test of a
+    config never replaces the model its real run wrote.
 
     Subclasses call ``save_hyperparameters`` (with ``model`` and, where they take them, ``dtype``,
     ``trust_remote_code``, ``lora`` and ``gradient_checkpointing``), then :meth:`_init_tokenizer`, and adapt the
@@ -87,6 +93,23 @@ class BackboneModule(L.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         _refuse_rl_callbacks(self)
+
+    @override
+    def on_fit_end(self) -> None:
+        directory = self.hparams.get("save_dir")
+        if not directory:
+            return
+        if self.trainer.fast_dev_run:
+            rank_zero_info(
+                f"{type(self).__name__}: fast_dev_run writes no export; save_dir={directory} is left as it is"
+            )
+            return
+        if self.trainer.is_global_zero:
+            self.save_pretrained(directory)
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
+        return save_backbone(self.model, self.tokenizer, directory)
 
 
 def _refuse_rl_callbacks(module: L.LightningModule) -> None:

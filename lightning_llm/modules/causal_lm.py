@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,7 +15,6 @@ from lightning_llm.lm import (
     adamw,
     global_mean,
     labels_to_mask,
-    save_backbone,
     target_logprobs,
 )
 from lightning_llm.lora import LoRAConfig
@@ -55,7 +53,7 @@ class CausalLMModule(BackboneModule):
         dtype: parameter dtype of the loaded model (``"bfloat16"``...); ``None`` keeps the checkpoint's.
         trust_remote_code: allow a checkpoint's own Python code. Off by default.
         save_dir: if set, the trained model and tokenizer are written there with ``save_pretrained``
-            (safetensors) at the end of ``fit``; ``load_backbone(save_dir)`` reloads them. With LoRA the
+            (safetensors) at the end of ``fit`` (not by a ``fast_dev_run``); ``load_backbone(save_dir)`` reloads them. With LoRA the
             model is saved merged, plus the adapter in PEFT's layout under ``save_dir/adapter`` while the
             base weights are untouched (not after ScaLoRA or LoRARestart folded updates into them).
         lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
@@ -213,14 +211,3 @@ class CausalLMModule(BackboneModule):
             optimizer, lambda step: warmup_cosine(step, total, warmup, hp.min_lr_ratio)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    # -------------------------------------------------------------------------------------- artefacts
-
-    @override
-    def on_fit_end(self) -> None:
-        if self.hparams.save_dir and self.trainer.is_global_zero:
-            self.save_pretrained(self.hparams.save_dir)
-
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
-        return save_backbone(self.model, self.tokenizer, directory)

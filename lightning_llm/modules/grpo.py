@@ -16,7 +16,6 @@ from lightning_llm.envs import Environment
 from lightning_llm.lm import (
     adamw,
     global_mean,
-    save_backbone,
     target_logprobs,
 )
 from lightning_llm.lora import LoRAConfig, fold_adapters, lora_layers
@@ -132,7 +131,8 @@ class GRPOModule(BackboneModule):
         eval_max_new_tokens: generation budget of greedy validation rollouts.
         dtype: parameter dtype of the loaded model.
         trust_remote_code: allow a checkpoint's own code (off by default).
-        save_dir: write the final policy there with ``save_pretrained`` at the end of ``fit`` (LoRA: merged,
+        save_dir: write the final policy there with ``save_pretrained`` at the end of ``fit``, not by a
+            ``fast_dev_run`` (LoRA: merged,
             plus ``save_dir/adapter`` in PEFT's layout while the base weights are untouched).
         lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
     """
@@ -644,11 +644,6 @@ class GRPOModule(BackboneModule):
         if cuda is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(cuda)
         self._pending_rng = None
-
-    @override
-    def on_fit_end(self) -> None:
-        if self.hparams.save_dir and self.trainer.is_global_zero:
-            save_backbone(self.model, self.tokenizer, self.hparams.save_dir)
 
 
 def _task_reward(task: Any) -> RewardFn:

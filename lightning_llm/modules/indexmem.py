@@ -81,7 +81,8 @@ class IndexMemModule(BackboneModule):
             docs/methods.md §11); see :class:`~lightning_llm.eviction.LatentMemory`.
         indexer_weight, memory_weight: ``λ_I``, ``λ_M``; ``memory_weight=0`` trains the indexer alone.
         lr, weight_decay, betas: AdamW over the indexers and gates.
-        save_dir: if set, :meth:`save_pretrained` writes the indexers and gates there at the end of ``fit``.
+        save_dir: if set, :meth:`save_pretrained` writes the indexers and gates there at the end of ``fit`` (not
+            by a ``fast_dev_run``).
         trust_remote_code: allow a checkpoint's own Python code. Off by default.
     """
 
@@ -320,11 +321,6 @@ class IndexMemModule(BackboneModule):
     def on_fit_start(self) -> None:
         if any(p.requires_grad for p in self.model.parameters()):
             rank_zero_warn("IndexMemModule: backbone parameters require grad; they are not optimised")
-
-    @override
-    def on_fit_end(self) -> None:
-        if self.hparams.save_dir and self.trainer.is_global_zero:
-            self.save_pretrained(self.hparams.save_dir)
 
     # ------------------------------------------------------------------------------------------- artefacts
 

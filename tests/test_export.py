@@ -1,0 +1,62 @@
+"""What a run writes to ``save_dir``: never over a model it did not write."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from lightning_llm.cli import main
+
+CONFIG = Path(__file__).parents[1] / "configs" / "sft_tiny.yaml"
+SMALL_DATA = [
+    "--data.init_args.num_train",
+    "64",
+    "--data.init_args.num_val",
+    "8",
+    "--trainer.callbacks",
+    "[]",
+]
+
+
+def _digests(directory: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _trained_model(directory: Path, tiny_backbone) -> dict[str, str]:
+    model, tokenizer = tiny_backbone
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return _digests(directory)
+
+
+def test_fast_dev_run_never_overwrites_save_dir(tmp_path, monkeypatch, tiny_backbone, caplog):
+    """A fast dev run on a config whose save_dir holds a trained model leaves it byte for byte, and says so."""
+    monkeypatch.chdir(tmp_path)
+    save_dir = tmp_path / "runs" / "sft_tiny" / "model"
+    before = _trained_model(save_dir, tiny_backbone)
+    with caplog.at_level(logging.INFO):
+        main(["fit", "--config", str(CONFIG), "--trainer.fast_dev_run=true", *SMALL_DATA])
+    assert _digests(save_dir) == before
+    assert "fast_dev_run" in caplog.text and "runs/sft_tiny/model" in caplog.text
+
+
+def test_fast_dev_run_never_overwrites_a_quantized_export(tmp_path, quiet_trainer, tiny_backbone, caplog):
+    """TrellisQuantization(save_dir=...) under fast_dev_run quantises (at L = 8) but writes nothing."""
+    from lightning_llm.callbacks import TrellisQuantization
+    from lightning_llm.datamodules import ChatSFTDataModule
+    from lightning_llm.modules import CausalLMModule
+
+    save_dir = tmp_path / "quantized"
+    before = _trained_model(save_dir, tiny_backbone)
+    cb = TrellisQuantization("rtn", save_dir=save_dir)
+    data = ChatSFTDataModule(task="arithmetic", num_train=4, num_val=0, batch_size=2)
+    with caplog.at_level(logging.INFO):
+        quiet_trainer(callbacks=[cb], fast_dev_run=True).fit(CausalLMModule(), datamodule=data)
+    assert cb.quantized_layers
+    assert _digests(save_dir) == before
+    assert "fast_dev_run" in caplog.text and str(save_dir) in caplog.text
