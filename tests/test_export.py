@@ -6,6 +6,8 @@ import hashlib
 import logging
 from pathlib import Path
 
+import pytest
+
 from lightning_llm.cli import main
 
 CONFIG = Path(__file__).parents[1] / "configs" / "sft_tiny.yaml"
@@ -60,3 +62,49 @@ def test_fast_dev_run_never_overwrites_a_quantized_export(tmp_path, quiet_traine
     assert cb.quantized_layers
     assert _digests(save_dir) == before
     assert "fast_dev_run" in caplog.text and str(save_dir) in caplog.text
+
+
+def _first_run(tmp_path: Path) -> Path:
+    """A 1-step sft_tiny run (small data) in ``tmp_path``; returns its last checkpoint."""
+    main(
+        ["fit", "--config", str(CONFIG), "--trainer.max_steps", "1", *SMALL_DATA]
+        + ["--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "1"]
+    )
+    (ckpt,) = (tmp_path / "runs" / "sft_tiny").rglob("*.ckpt")
+    return ckpt
+
+
+def test_resume_takes_a_new_save_dir_from_the_command_line(tmp_path, monkeypatch, tiny_backbone):
+    """--ckpt_path restores the checkpoint's hyper-parameters, but an output path given on the command line wins."""
+    monkeypatch.chdir(tmp_path)
+    ckpt = _first_run(tmp_path)
+    first = _digests(tmp_path / "runs" / "sft_tiny" / "model")
+    main(
+        ["fit", "--config", str(CONFIG), "--trainer.max_steps", "2", *SMALL_DATA, "--ckpt_path", str(ckpt)]
+        + ["--model.init_args.save_dir", "runs/B/model"]
+    )
+    assert (tmp_path / "runs" / "B" / "model" / "model.safetensors").is_file()
+    assert _digests(tmp_path / "runs" / "sft_tiny" / "model") == first
+
+
+def test_resume_refuses_a_changed_hyperparameter(tmp_path, monkeypatch, tiny_backbone, capsys):
+    """A model flag the checkpoint would silently override stops the run, naming the flag and both values."""
+    monkeypatch.chdir(tmp_path)
+    ckpt = _first_run(tmp_path)
+    with pytest.raises(SystemExit) as err:
+        main(
+            [
+                "fit",
+                "--config",
+                str(CONFIG),
+                "--trainer.max_steps",
+                "2",
+                *SMALL_DATA,
+                "--ckpt_path",
+                str(ckpt),
+            ]
+            + ["--model.init_args.lr", "0.1"]
+        )
+    assert err.value.code != 0
+    message = capsys.readouterr().err
+    assert "--model.init_args.lr: checkpoint 0.005, command line 0.1" in message
