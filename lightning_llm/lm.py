@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -174,6 +176,42 @@ def save_backbone(model: PreTrainedModel, tokenizer: Any, directory: str | Path)
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+#: The file an export of a training run carries: which run wrote the directory (``run_id``) and with what.
+EXPORT_MARKER = "lightning_llm_export.json"
+
+
+def export_owner(directory: str | Path) -> str | None:
+    """Who wrote ``directory``: the ``run_id`` of its :data:`EXPORT_MARKER`, ``""`` when it holds files but no
+    (readable) marker, ``None`` when it is missing or empty."""
+    directory = Path(directory)
+    if not directory.is_dir() or not any(directory.iterdir()):
+        return None
+    try:
+        return str(json.loads((directory / EXPORT_MARKER).read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def check_export(directory: str | Path, run_id: str, *, overwrite: bool, writer: str = "the export") -> None:
+    """Raise :class:`FileExistsError` when ``directory`` holds files another run wrote (another ``run_id`` in its
+    marker, or no marker at all), unless ``overwrite``; missing and empty directories, and this run's own
+    export, pass."""
+    owner = export_owner(directory)
+    if overwrite or owner is None or owner == run_id:
+        return
+    what = f"the export of another run (run id {owner})" if owner else f"files with no {EXPORT_MARKER} marker"
+    raise FileExistsError(
+        f"{writer}: save_dir={directory} already holds {what}; refusing to overwrite it. Choose another "
+        "save_dir, or pass overwrite=True (CLI: --model.init_args.overwrite true) to replace it"
+    )
+
+
+def mark_export(directory: str | Path, run_id: str, writer: str) -> None:
+    """Write the :data:`EXPORT_MARKER` of ``directory`` (last, once the export is complete)."""
+    record = {"run_id": run_id, "writer": writer, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (Path(directory) / EXPORT_MARKER).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def apply_lora_config(

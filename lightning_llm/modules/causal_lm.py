@@ -53,9 +53,12 @@ class CausalLMModule(BackboneModule):
         dtype: parameter dtype of the loaded model (``"bfloat16"``...); ``None`` keeps the checkpoint's.
         trust_remote_code: allow a checkpoint's own Python code. Off by default.
         save_dir: if set, the trained model and tokenizer are written there with ``save_pretrained``
-            (safetensors) at the end of ``fit`` (not by a ``fast_dev_run``); ``load_backbone(save_dir)`` reloads them. With LoRA the
-            model is saved merged, plus the adapter in PEFT's layout under ``save_dir/adapter`` while the
-            base weights are untouched (not after ScaLoRA or LoRARestart folded updates into them).
+            (safetensors) at the end of ``fit``, not by a ``fast_dev_run``; ``load_backbone(save_dir)`` reloads
+            them. With LoRA the model is saved merged, plus the adapter in PEFT's layout under
+            ``save_dir/adapter`` while the base weights are untouched (not after ScaLoRA or LoRARestart folded
+            updates into them). The directory gets a marker with the run id (see :class:`BackboneModule`).
+        overwrite: let the export replace a ``save_dir`` that holds files another run wrote (or files with no
+            export marker); otherwise such a ``save_dir`` stops the fit at its start.
         lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
     """
 
@@ -73,6 +76,7 @@ class CausalLMModule(BackboneModule):
         dtype: str | None = None,
         trust_remote_code: bool = False,
         save_dir: str | None = None,
+        overwrite: bool = False,
         lora: LoRAConfig | None = None,
     ) -> None:
         super().__init__()

@@ -132,8 +132,10 @@ class GRPOModule(BackboneModule):
         dtype: parameter dtype of the loaded model.
         trust_remote_code: allow a checkpoint's own code (off by default).
         save_dir: write the final policy there with ``save_pretrained`` at the end of ``fit``, not by a
-            ``fast_dev_run`` (LoRA: merged,
-            plus ``save_dir/adapter`` in PEFT's layout while the base weights are untouched).
+            ``fast_dev_run`` (LoRA: merged, plus ``save_dir/adapter`` in PEFT's layout while the base weights are
+            untouched).
+        overwrite: let the export replace a ``save_dir`` that holds files another run wrote (or files with no
+            export marker); otherwise such a ``save_dir`` stops the fit at its start.
         lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
     """
 
@@ -167,6 +169,7 @@ class GRPOModule(BackboneModule):
         dtype: str | None = None,
         trust_remote_code: bool = False,
         save_dir: str | None = None,
+        overwrite: bool = False,
         lora: LoRAConfig | None = None,
     ) -> None:
         super().__init__()
@@ -244,6 +247,7 @@ class GRPOModule(BackboneModule):
 
     @override
     def on_fit_start(self) -> None:
+        super().on_fit_start()
         # A fit that will run no training step (``max_steps=0``, or a resumed run already at ``max_steps``) still
         # runs the remaining warm-up steps: ``Trainer(max_steps=0, callbacks=[SFTWarmup(...)])`` is a warm-up only.
         max_steps = self.trainer.max_steps
@@ -624,6 +628,7 @@ class GRPOModule(BackboneModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         # Sampling draws from the global RNGs: keep them, so a resumed run samples the same rollouts.
         checkpoint["grpo_rng_state"] = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -633,6 +638,7 @@ class GRPOModule(BackboneModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         self._pending_rng = (checkpoint.get("grpo_rng_state"), checkpoint.get("grpo_cuda_rng_state"))
         self._pending_reference = checkpoint.get("grpo_reference")
 

@@ -83,6 +83,8 @@ class IndexMemModule(BackboneModule):
         lr, weight_decay, betas: AdamW over the indexers and gates.
         save_dir: if set, :meth:`save_pretrained` writes the indexers and gates there at the end of ``fit`` (not
             by a ``fast_dev_run``).
+        overwrite: let the export replace a ``save_dir`` that holds files another run wrote (or files with no
+            export marker); otherwise such a ``save_dir`` stops the fit at its start.
         trust_remote_code: allow a checkpoint's own Python code. Off by default.
     """
 
@@ -107,6 +109,7 @@ class IndexMemModule(BackboneModule):
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.99),
         save_dir: str | None = None,
+        overwrite: bool = False,
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
@@ -319,6 +322,7 @@ class IndexMemModule(BackboneModule):
 
     @override
     def on_fit_start(self) -> None:
+        super().on_fit_start()
         if any(p.requires_grad for p in self.model.parameters()):
             rank_zero_warn("IndexMemModule: backbone parameters require grad; they are not optimised")
 

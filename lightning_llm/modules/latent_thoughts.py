@@ -452,10 +452,12 @@ class LatentThoughtsModule(CausalLMModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint["latent_fusion"] = {k: float(self.hparams[k]) for k in ("alpha", "temperature", "top_p")}
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         fusion = checkpoint.get("latent_fusion")
         if fusion:
             self.set_fusion(**fusion)
