@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from lightning_llm.kernels import fused_linear_logprobs
@@ -164,7 +165,9 @@ def save_backbone(model: PreTrainedModel, tokenizer: Any, directory: str | Path)
 
     A model with LoRA layers is saved merged (an ordinary checkpoint, the live model is untouched); when its
     base weights are still the pretrained ones the adapter is also written to ``directory/adapter`` in PEFT's
-    layout.
+    layout. When updates were folded into the base weights (ScaLoRA's column rescaling, LoRARestart, a folded
+    SFT warm-up) no adapter is written, by design: the adapter alone is then not the trained model; the log
+    says so.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -172,6 +175,12 @@ def save_backbone(model: PreTrainedModel, tokenizer: Any, directory: str | Path)
     if layers:
         if not any(bool(layer.base_modified) for layer in layers.values()):
             save_adapter(model, directory / "adapter")
+        else:
+            rank_zero_info(
+                f"no LoRA adapter is written to {directory / 'adapter'}: updates were folded into the base "
+                "weights (ScaLoRA's column rescaling, LoRARestart or a folded warm-up), so the adapter alone is "
+                f"not the trained model; {directory} holds the merged model"
+            )
         model = merge_lora(copy.deepcopy(model))
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)

@@ -55,8 +55,9 @@ class CausalLMModule(BackboneModule):
         save_dir: if set, the trained model and tokenizer are written there with ``save_pretrained``
             (safetensors) at the end of ``fit``, not by a ``fast_dev_run``; ``load_backbone(save_dir)`` reloads
             them. With LoRA the model is saved merged, plus the adapter in PEFT's layout under
-            ``save_dir/adapter`` while the base weights are untouched (not after ScaLoRA or LoRARestart folded
-            updates into them). The directory gets a marker with the run id (see :class:`BackboneModule`).
+            ``save_dir/adapter`` while the base weights are untouched. ScaLoRA and LoRARestart fold updates into
+            the base weights, so after them no adapter is written, by design (the log says so): the merged model
+            is the export. The directory gets a marker with the run id (see :class:`BackboneModule`).
         overwrite: let the export replace a ``save_dir`` that holds files another run wrote (or files with no
             export marker); otherwise such a ``save_dir`` stops the fit at its start.
         lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
