@@ -4,25 +4,188 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` subclass: every constructor 
 DataModule is a typed flag (subclass mode for both, so ``--model CausalLMModule`` or a ``class_path`` in YAML
 picks the method). DataModules take the fitted model's tokenizer unless a config names one (and then refuse a
 mismatch). ``lightning-llm fetch NAME`` prepares a backbone (e.g. ``smollm2-135m``) ahead of its first use.
+
+Resuming (``--ckpt_path``): Lightning restores the model's hyper-parameters from the checkpoint over the config.
+The output arguments (:attr:`LightningLLMCLI.resume_overridable`: ``save_dir``, ``overwrite``) keep the value of
+the config and command line; any other model flag given on the command line with a value that differs from the
+checkpoint's stops the run with a message naming it and both values, instead of being silently replaced (values
+from config files, and a module's own run-time updates of its hyper-parameters, yield to the checkpoint).
+
+Configuration errors (an unknown flag, a bad value, a class path that does not resolve, a constructor that refuses
+its arguments) end the command with one ``error:`` line naming the flag or class and the reason, exit status 2.
+``LIGHTNING_LLM_DEBUG=1`` shows everything instead: the usage, jsonargparse's whole report and the traceback.
 """
 
 from __future__ import annotations
 
+import copy
+import os
+import re
 import sys
+from typing import Any, NoReturn
 
+from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from typing_extensions import override
 
 # Imported for their side effect: short class names (``CausalLMModule``) resolve in configs.
 import lightning_llm.callbacks
 import lightning_llm.datamodules
 import lightning_llm.modules  # noqa: F401
 
-__all__ = ["LightningLLMCLI", "main"]
+__all__ = ["DEBUG_ENV", "LightningLLMCLI", "condense_error", "main"]
+
+#: Set to ``1`` to see configuration errors in full (usage, jsonargparse's report, traceback).
+DEBUG_ENV = "LIGHTNING_LLM_DEBUG"
+
+
+def _debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+#: Lines of jsonargparse's nested union reports that repeat the structure rather than say what is wrong.
+_NOISE = re.compile(
+    r"^(Does not validate against any of the Union subtypes|Subtypes: .*|Errors:|Given value( type)?: .*|"
+    r"Expected a <class 'NoneType'>|Expected a path but .* either not accessible or invalid|"
+    r"Not a valid subclass of .*|Subclass types expect one of:|a class path \(str\)|a dict with(out)? .*)$"
+)
+
+
+def condense_error(message: str) -> str:
+    """jsonargparse's error report in one line: the flag (``--model.init_args.lr``), the class it belongs to, and
+    the reasons; the report as it is when nothing is left of it."""
+    flag: list[str] = []  # parser keys; "init_args" after the top-level class (--model.init_args.lr)
+    classes: list[str] = []
+    reasons: list[str] = []
+    for raw in message.splitlines():
+        line = raw.strip().removeprefix("- ").strip()
+        if not line or _NOISE.match(line):
+            continue
+        if key := re.fullmatch(r'Parser key "([^"]+)":', line):
+            flag += ["init_args", key.group(1)] if len(classes) == 1 and len(flag) == 1 else [key.group(1)]
+        elif cls := re.fullmatch(r"Problem with given class_path '([^']+)':", line):
+            classes.append(cls.group(1))
+        elif line not in reasons:
+            reasons.append(line)
+    if not reasons:
+        return message
+    where = ("--" + ".".join(flag)) if flag else ""
+    if classes:
+        where += f" ({classes[-1]})"
+    return f"{where}: {'; '.join(reasons)}" if where else "; ".join(reasons)
+
+
+class _ConfigParser(LightningArgumentParser):
+    """Lightning's parser, reporting a configuration error in one line (in full under ``LIGHTNING_LLM_DEBUG=1``)."""
+
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        if _debug():  # the whole report, raised with its traceback and causes
+            raise ArgumentError(None, message) from ex
+        self._logger.error(message)
+        prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
+        sys.stderr.write(
+            f"error: {condense_error(message)}\n"
+            f"tip: `{prog} --help` lists the options; {DEBUG_ENV}=1 shows the full report and traceback\n"
+        )
+        self.exit(2)
 
 
 class LightningLLMCLI(LightningCLI):
-    """The library's CLI: Lightning's, in subclass mode for models and DataModules."""
+    """The library's CLI: Lightning's, in subclass mode for models and DataModules.
+
+    On resume (``--ckpt_path``) a model flag of the command line set differently from the checkpoint's
+    hyper-parameters is an error, except the output arguments of :attr:`resume_overridable`, which take the
+    config's value.
+    """
+
+    @override
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        if self.parser_class is LightningArgumentParser:
+            self.parser_class = _ConfigParser
+        return super().init_parser(**kwargs)
+
+    @override
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except Exception as error:
+            if _debug():
+                raise
+            subcommand = self.config.get("subcommand")
+            parser = self._subcommand_parsers.get(subcommand, self.parser) if subcommand else self.parser
+            parser.error(_instantiation_message(error), error)
+
+    #: Model arguments that say where (and whether over what) a run writes its export: on resume the config's and
+    #: command line's value wins over the checkpoint's.
+    resume_overridable: tuple[str, ...] = ("save_dir", "overwrite")
+
+    @override
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        # What the config and command line say, before the checkpoint's hyper-parameters are laid over it.
+        self._given_model = copy.deepcopy(self.config[subcommand].get("model")) if subcommand else None
+        argv = sys.argv[1:] if args is None else args
+        self._model_flags = _model_flags(argv) if isinstance(argv, (list, tuple)) else set()
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        given = getattr(self, "_given_model", None)
+        if given is None or not self.config[subcommand].get("ckpt_path"):
+            return
+        restored = self.config[subcommand].model
+        if given == restored or not isinstance(given, Namespace) or not isinstance(restored, Namespace):
+            return
+        if given.get("class_path") != restored.get("class_path"):
+            conflicts = [("--model", restored.get("class_path"), given.get("class_path"))]
+        else:
+            conflicts = []
+            theirs, ours = restored.get("init_args") or Namespace(), given.get("init_args") or Namespace()
+            for key in sorted(set(vars(ours)) | set(vars(theirs))):
+                if ours.get(key) == theirs.get(key):
+                    continue
+                if key in self.resume_overridable:
+                    theirs[key] = ours.get(key)
+                elif key in self._model_flags:
+                    conflicts.append((f"--model.init_args.{key}", theirs.get(key), ours.get(key)))
+        if conflicts:
+            listed = "; ".join(
+                f"{flag}: checkpoint {old!r}, command line {new!r}" for flag, old, new in conflicts
+            )
+            self.parser.error(
+                f"--ckpt_path {self.config[subcommand].ckpt_path} resumes with the checkpoint's model "
+                f"hyper-parameters, and the command line sets different ones: {listed}. Drop the flag (or give "
+                f"the checkpoint's value) to resume, or start a new run without --ckpt_path; on resume only "
+                f"{', '.join(self.resume_overridable)} may change"
+            )
+
+
+def _instantiation_message(error: BaseException) -> str:
+    """The class being built and the first cause of ``error`` (the constructor's own exception)."""
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    found = re.search(r"class_path='([^']+)'", str(error))
+    return f"{found.group(1) + ': ' if found else ''}{type(root).__name__}: {root}"
+
+
+def _model_flags(argv: list[str] | tuple[str, ...]) -> set[str]:
+    """The model arguments named on a command line (``--model.init_args.lr 1`` or ``--model.lr=1``: ``lr``)."""
+    names = set()
+    for token in argv:
+        if not isinstance(token, str) or not token.startswith("--model."):
+            continue
+        path = token[len("--model.") :].split("=", 1)[0].split(".")
+        if path[0] == "init_args":
+            path = path[1:]
+        if path and path[0] not in ("class_path", "dict_kwargs"):
+            names.add(path[0])
+    return names
 
 
 def main(args: list[str] | None = None) -> None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from lightning_llm.kernels import fused_linear_logprobs
@@ -162,7 +165,9 @@ def save_backbone(model: PreTrainedModel, tokenizer: Any, directory: str | Path)
 
     A model with LoRA layers is saved merged (an ordinary checkpoint, the live model is untouched); when its
     base weights are still the pretrained ones the adapter is also written to ``directory/adapter`` in PEFT's
-    layout.
+    layout. When updates were folded into the base weights (ScaLoRA's column rescaling, LoRARestart, a folded
+    SFT warm-up) no adapter is written, by design: the adapter alone is then not the trained model; the log
+    says so.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -170,10 +175,52 @@ def save_backbone(model: PreTrainedModel, tokenizer: Any, directory: str | Path)
     if layers:
         if not any(bool(layer.base_modified) for layer in layers.values()):
             save_adapter(model, directory / "adapter")
+        else:
+            rank_zero_info(
+                f"no LoRA adapter is written to {directory / 'adapter'}: updates were folded into the base "
+                "weights (ScaLoRA's column rescaling, LoRARestart or a folded warm-up), so the adapter alone is "
+                f"not the trained model; {directory} holds the merged model"
+            )
         model = merge_lora(copy.deepcopy(model))
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+#: The file an export of a training run carries: which run wrote the directory (``run_id``) and with what.
+EXPORT_MARKER = "lightning_llm_export.json"
+
+
+def export_owner(directory: str | Path) -> str | None:
+    """Who wrote ``directory``: the ``run_id`` of its :data:`EXPORT_MARKER`, ``""`` when it holds files but no
+    (readable) marker, ``None`` when it is missing or empty."""
+    directory = Path(directory)
+    if not directory.is_dir() or not any(directory.iterdir()):
+        return None
+    try:
+        return str(json.loads((directory / EXPORT_MARKER).read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def check_export(directory: str | Path, run_id: str, *, overwrite: bool, writer: str = "the export") -> None:
+    """Raise :class:`FileExistsError` when ``directory`` holds files another run wrote (another ``run_id`` in its
+    marker, or no marker at all), unless ``overwrite``; missing and empty directories, and this run's own
+    export, pass."""
+    owner = export_owner(directory)
+    if overwrite or owner is None or owner == run_id:
+        return
+    what = f"the export of another run (run id {owner})" if owner else f"files with no {EXPORT_MARKER} marker"
+    raise FileExistsError(
+        f"{writer}: save_dir={directory} already holds {what}; refusing to overwrite it. Choose another "
+        "save_dir, or pass overwrite=True (CLI: --model.init_args.overwrite true) to replace it"
+    )
+
+
+def mark_export(directory: str | Path, run_id: str, writer: str) -> None:
+    """Write the :data:`EXPORT_MARKER` of ``directory`` (last, once the export is complete)."""
+    record = {"run_id": run_id, "writer": writer, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (Path(directory) / EXPORT_MARKER).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def apply_lora_config(

@@ -360,7 +360,9 @@ def load_adapter(model: nn.Module, directory: str | Path) -> nn.Module:
 
     Raises:
         FileNotFoundError: if the directory lacks ``adapter_config.json`` or the weights.
-        ValueError: for a non-LoRA adapter, or weights whose names/shapes do not fit ``model``.
+        ValueError: for a non-LoRA adapter, PEFT options this LoRA does not implement (``fan_in_fan_out``,
+            ``use_dora``, per-layer ``rank_pattern`` / ``alpha_pattern``), or weights whose names/shapes do not
+            fit ``model``.
     """
     directory = Path(directory)
     for name in (_ADAPTER_CONFIG, _ADAPTER_WEIGHTS):
@@ -372,6 +374,13 @@ def load_adapter(model: nn.Module, directory: str | Path) -> nn.Module:
     for unsupported in ("fan_in_fan_out", "use_dora"):
         if raw.get(unsupported):
             raise ValueError(f"{directory / _ADAPTER_CONFIG}: {unsupported}=true is not supported")
+    for pattern in ("rank_pattern", "alpha_pattern"):
+        if raw.get(pattern):
+            raise ValueError(
+                f"{directory / _ADAPTER_CONFIG}: {pattern}={raw[pattern]} is not supported: LoRALinear layers here "
+                f"share one rank and one alpha (r={raw.get('r')}, lora_alpha={raw.get('lora_alpha')}); merge the "
+                "adapter with PEFT (merge_and_unload) and load the merged model instead"
+            )
     targets = raw["target_modules"]
     config = LoRAConfig(
         r=raw["r"],

@@ -213,6 +213,10 @@ class ScaLoRA(Callback):
         rank_every: log ``stable_rank(W_t − W_0)`` per layer every this many optimizer steps (0: never; it
             keeps one fp32 CPU copy of the adapted weights and runs an SVD per layer).
 
+    The rescaling folds part of the update into the base weights, so the adapter alone is no longer the trained
+    model: a module's ``save_dir`` then holds the merged model and, by design, no PEFT adapter
+    (``save_dir/adapter`` is not written; the log says so at save time).
+
     Logged: ``ScaLoRA/fallback_rate`` and ``ScaLoRA/skip_rate`` (cumulative fraction of layer rescales),
     ``ScaLoRA/scale_mean`` (mean of :math:`\alpha\beta` this step), ``ScaLoRA/stable_rank_mean`` and
     ``ScaLoRA/stable_rank/<layer>``.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_llm.callbacks.calibration import calibration_batches, check_calibration
+from lightning_llm.lm import check_export, mark_export
 from lightning_llm.quantization import TrellisLinear, quantize_model, save_quantized
 
 __all__ = ["TrellisQuantization"]
@@ -38,13 +40,17 @@ class TrellisQuantization(Callback):
     (:func:`~lightning_llm.quantization.distill_affine`; ``distill_tune`` / ``distill_steps`` / ``distill_lr``).
 
     Under ``fast_dev_run`` the trellis is encoded at ``min(L, 8)`` state bits (and at most 2 distillation
-    steps): the code path runs end to end in seconds instead of minutes; the quality is not meaningful then.
+    steps): the code path runs end to end in seconds instead of minutes; the quality is not meaningful then, and
+    nothing is written to ``save_dir`` (the model a real run saved there stays).
 
     Args:
         method: ``"proteus"``, ``"qtip-1mad"``, ``"qtip-3inst"`` or ``"rtn"``.
         bits, L, V: trellis parameters (bits per weight, state bits, weights per step).
         skip: module names (or dotted name components) left in full precision.
-        save_dir: optional directory for :func:`save_quantized`.
+        save_dir: optional directory for :func:`save_quantized`. It gets an export marker with the run id (the
+            module's ``run_id`` when it has one); a ``save_dir`` holding files another run wrote (or files with
+            no marker) stops the fit at its start unless ``overwrite``.
+        overwrite: let the export replace such a ``save_dir``.
         at_fit_end: quantise in ``on_fit_end``; False leaves it to :meth:`quantize`.
         seed: base Hadamard seed (layer ``i`` uses ``seed + i``).
         calibration: None (data-free), a number of train batches, or a list of strings: few-shot
@@ -63,6 +69,7 @@ class TrellisQuantization(Callback):
         *,
         skip: tuple[str, ...] = ("lm_head",),
         save_dir: str | Path | None = None,
+        overwrite: bool = False,
         at_fit_end: bool = True,
         seed: int = 0,
         calibration: int | Sequence[str] | None = None,
@@ -84,6 +91,8 @@ class TrellisQuantization(Callback):
         }
         self.method, self.bits, self.L, self.V = method, bits, L, V
         self.skip, self.save_dir, self.at_fit_end, self.seed = tuple(skip), save_dir, at_fit_end, seed
+        self.overwrite = overwrite
+        self.run_id = uuid.uuid4().hex  # used when the module has no run_id of its own
         self.quantize_kwargs = dict(quantize_kwargs)
         self.quantized_layers: list[str] = []
         self.distillation: dict[str, Any] = {}
@@ -119,6 +128,16 @@ class TrellisQuantization(Callback):
         self.quantized_layers = [n for n, m in model.named_modules() if isinstance(m, TrellisLinear)]
         self.distillation = dict(getattr(model, "trellis_quantization", {}).get("distillation", {}))
         return model
+
+    def _run_id(self, pl_module: L.LightningModule) -> str:
+        return str(getattr(pl_module, "run_id", None) or self.run_id)
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.save_dir is not None and self.at_fit_end and not trainer.fast_dev_run:
+            check_export(
+                self.save_dir, self._run_id(pl_module), overwrite=self.overwrite, writer="TrellisQuantization"
+            )
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -159,11 +178,16 @@ class TrellisQuantization(Callback):
                 else ""
             )
         )
-        if self.save_dir is not None and trainer.is_global_zero:
+        if self.save_dir is not None and quick:
+            rank_zero_info(
+                f"TrellisQuantization: fast_dev_run writes no export; save_dir={self.save_dir} is left as it is"
+            )
+        elif self.save_dir is not None and trainer.is_global_zero:
             save_quantized(model, self.save_dir)
             tokenizer = getattr(pl_module, "tokenizer", None)
             if tokenizer is not None:
                 tokenizer.save_pretrained(self.save_dir)
+            mark_export(self.save_dir, self._run_id(pl_module), "TrellisQuantization")
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -174,9 +198,11 @@ class TrellisQuantization(Callback):
             "V": self.V,
             "layers": self.quantized_layers,
             "distillation": dict(self.distillation),
+            "run_id": self.run_id,
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.quantized_layers = list(state_dict.get("layers", []))
         self.distillation = dict(state_dict.get("distillation", {}))
+        self.run_id = str(state_dict.get("run_id") or self.run_id)

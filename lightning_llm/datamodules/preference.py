@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
 from lightning_llm.datamodules.sources import IGNORE_INDEX, DataSourceError, ExampleDataModule, pad_sequences
 from lightning_llm.datamodules.tasks.honeypot import HoneypotTask
@@ -56,8 +57,13 @@ class PreferenceDataModule(ExampleDataModule):
     ) -> None:
         super().__init__(**kwargs)
 
+    @override
+    def _string_columns(self) -> tuple[str, ...]:
+        return (self.hparams.chosen_column, self.hparams.rejected_column)
+
     def _pairs(self, examples: list[Example], split: str) -> list[PreferencePair]:
-        """The pairs of a split. Real sources read the chosen/rejected columns (in ``metadata``)."""
+        """The pairs of a split. Real sources read the chosen/rejected columns (in ``metadata``; checked at
+        load with each record's file and line)."""
         hp = self.hparams
         pairs = []
         for index, example in enumerate(examples):

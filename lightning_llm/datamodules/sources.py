@@ -50,6 +50,7 @@ def load_records(
     split: str = "train",
     columns: Mapping[str, str] | None = None,
     required: Sequence[str] = ("prompt", "completion"),
+    string_columns: Sequence[str] = (),
 ) -> list[Example]:
     """Load a dataset as :class:`Example` s.
 
@@ -61,6 +62,8 @@ def load_records(
         columns: Maps our fields (``prompt``, ``completion``, ``answer``, ``messages``) to the source's column
             names; unmapped fields are looked up under their own name.
         required: The fields every record must have; a missing optional field becomes ``""``.
+        string_columns: Further source columns every record must hold as strings (they go to ``metadata``),
+            e.g. a preference pair's ``chosen`` and ``rejected``.
 
     A record without a prompt column but with a ``messages`` column (a chat: a list of ``{"role", "content"}``)
     gives the last user message as prompt and, when the chat ends with an assistant message, that message as
@@ -71,7 +74,10 @@ def load_records(
     unknown = sorted(set(mapping) - {*FIELDS, _MESSAGES}) + sorted(set(required) - set(FIELDS))
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; fields are {[*FIELDS, _MESSAGES]}")
-    examples = [_to_example(record, where, mapping, required) for where, record in _read(source, split)]
+    examples = [
+        _to_example(record, where, mapping, required, string_columns)
+        for where, record in _read(source, split)
+    ]
     if not examples:
         raise DataSourceError(f"{source}: no records (empty file or split {split!r})")
     return examples
@@ -123,7 +129,11 @@ def _read_json(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
 
 
 def _to_example(
-    record: Mapping[str, Any], where: str, mapping: Mapping[str, str], required: Sequence[str]
+    record: Mapping[str, Any],
+    where: str,
+    mapping: Mapping[str, str],
+    required: Sequence[str],
+    string_columns: Sequence[str] = (),
 ) -> Example:
     names = {name: mapping.get(name, name) for name in (*FIELDS, _MESSAGES)}
     values: dict[str, str] = {}
@@ -150,6 +160,17 @@ def _to_example(
             )
         if column in record:
             consumed.add(column)
+    for column in string_columns:
+        value = record.get(column)
+        if value is None:
+            raise DataSourceError(
+                f"{where}: {'null in' if column in record else 'missing column'} {column!r}; every record needs "
+                f"string columns {list(string_columns)}; the record has columns {sorted(record)}"
+            )
+        if not isinstance(value, str):
+            raise DataSourceError(
+                f"{where}: column {column!r} must hold a string, got {type(value).__name__} {_preview(value)}"
+            )
     metadata = {key: value for key, value in record.items() if key not in consumed}
     return Example(
         prompt=values.get("prompt", ""),
@@ -412,12 +433,13 @@ class ExampleDataModule(L.LightningDataModule, ABC):
                 self._split = split_train_val(self._task, hp.num_train, hp.num_val, hp.seed)
             return self._split
         rng = random.Random(hp.seed)
-        records = load_records(hp.source, split=hp.split, columns=hp.columns, required=self._required)
+        load = {"columns": hp.columns, "required": self._required, "string_columns": self._string_columns()}
+        records = load_records(hp.source, split=hp.split, **load)
         if hp.val_split is None:
             rng.shuffle(records)
             val, records = records[: hp.num_val], records[hp.num_val :]
         else:
-            val = load_records(hp.source, split=hp.val_split, columns=hp.columns, required=self._required)
+            val = load_records(hp.source, split=hp.val_split, **load)
             val = rng.sample(val, min(hp.num_val, len(val)))
             rng.shuffle(records)
         held_out = {example.prompt for example in val}
@@ -427,6 +449,11 @@ class ExampleDataModule(L.LightningDataModule, ABC):
                 f"{hp.source}: no training records left after holding out validation prompts"
             )
         return train, val
+
+    def _string_columns(self) -> tuple[str, ...]:
+        """Source columns besides the fields that every record of a real source must hold as strings (checked
+        at load, so a bad record is reported with its file and line)."""
+        return ()
 
     def _built(self, data: list[Any] | None) -> list[Any]:
         if data is None:

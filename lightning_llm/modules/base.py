@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_llm.backbones import load_model, load_tokenizer
-from lightning_llm.lm import apply_lora_config, check_fused_compatible, shard_fsdp2
+from lightning_llm.lm import (
+    apply_lora_config,
+    check_export,
+    check_fused_compatible,
+    export_owner,
+    mark_export,
+    save_backbone,
+    shard_fsdp2,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -24,6 +35,14 @@ class BackboneModule(L.LightningModule):
     FSDP and meta-device initialisation work) and before ``load_from_checkpoint`` restores weights. Under
     ``ModelParallelStrategy`` the model is sharded with FSDP2 (one unit per decoder layer, the embeddings and head
     in the root unit). Used without a Trainer, reading :attr:`model` builds it on the spot.
+
+    At the end of ``fit`` the module exports itself with :meth:`save_pretrained` to ``hparams.save_dir`` when one
+    is set, on global rank zero; a ``fast_dev_run`` exports nothing (it says so in the log), so a smoke test of a
+    config never replaces the model its real run wrote. The export carries a marker with the module's
+    :attr:`run_id` (kept in checkpoints, so a resumed run is the same run). A ``save_dir`` that holds files
+    another run wrote, or files with no marker, stops the fit at its start (before any training) unless
+    ``hparams.overwrite``; should one appear there during the run, the export goes beside it
+    (``save_dir-<run id>``, said in a warning) rather than be lost.
 
     Subclasses call ``save_hyperparameters`` (with ``model`` and, where they take them, ``dtype``,
     ``trust_remote_code``, ``lora`` and ``gradient_checkpointing``), then :meth:`_init_tokenizer`, and adapt the
@@ -87,6 +106,61 @@ class BackboneModule(L.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         _refuse_rl_callbacks(self)
+
+    @property
+    def run_id(self) -> str:
+        """The id of this training run (random at construction; restored from a checkpoint on resume)."""
+        if getattr(self, "_run_id", None) is None:
+            self._run_id = uuid.uuid4().hex
+        return self._run_id
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["lightning_llm_run_id"] = self.run_id
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if checkpoint.get("lightning_llm_run_id"):
+            self._run_id = str(checkpoint["lightning_llm_run_id"])
+
+    @override
+    def on_fit_start(self) -> None:
+        self._run_id = self.trainer.strategy.broadcast(self.run_id, src=0)  # every rank: rank zero's
+        directory = self.hparams.get("save_dir")
+        if directory and not self.trainer.fast_dev_run:
+            check_export(
+                directory,
+                self.run_id,
+                overwrite=bool(self.hparams.get("overwrite")),
+                writer=type(self).__name__,
+            )
+
+    @override
+    def on_fit_end(self) -> None:
+        directory = self.hparams.get("save_dir")
+        if not directory:
+            return
+        if self.trainer.fast_dev_run:
+            rank_zero_info(
+                f"{type(self).__name__}: fast_dev_run writes no export; save_dir={directory} is left as it is"
+            )
+            return
+        if not self.trainer.is_global_zero:
+            return
+        owner = export_owner(directory)
+        if not self.hparams.get("overwrite") and owner is not None and owner != self.run_id:
+            beside = f"{str(directory).rstrip('/')}-{self.run_id[:8]}"
+            rank_zero_warn(
+                f"{type(self).__name__}: save_dir={directory} was filled by another writer during this run; "
+                f"the export goes to {beside} instead"
+            )
+            directory = beside
+        self.save_pretrained(directory)
+        mark_export(directory, self.run_id, type(self).__name__)
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
+        return save_backbone(self.model, self.tokenizer, directory)
 
 
 def _refuse_rl_callbacks(module: L.LightningModule) -> None:

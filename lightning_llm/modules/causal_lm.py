@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,7 +15,6 @@ from lightning_llm.lm import (
     adamw,
     global_mean,
     labels_to_mask,
-    save_backbone,
     target_logprobs,
 )
 from lightning_llm.lora import LoRAConfig
@@ -55,9 +53,13 @@ class CausalLMModule(BackboneModule):
         dtype: parameter dtype of the loaded model (``"bfloat16"``...); ``None`` keeps the checkpoint's.
         trust_remote_code: allow a checkpoint's own Python code. Off by default.
         save_dir: if set, the trained model and tokenizer are written there with ``save_pretrained``
-            (safetensors) at the end of ``fit``; ``load_backbone(save_dir)`` reloads them. With LoRA the
-            model is saved merged, plus the adapter in PEFT's layout under ``save_dir/adapter`` while the
-            base weights are untouched (not after ScaLoRA or LoRARestart folded updates into them).
+            (safetensors) at the end of ``fit``, not by a ``fast_dev_run``; ``load_backbone(save_dir)`` reloads
+            them. With LoRA the model is saved merged, plus the adapter in PEFT's layout under
+            ``save_dir/adapter`` while the base weights are untouched. ScaLoRA and LoRARestart fold updates into
+            the base weights, so after them no adapter is written, by design (the log says so): the merged model
+            is the export. The directory gets a marker with the run id (see :class:`BackboneModule`).
+        overwrite: let the export replace a ``save_dir`` that holds files another run wrote (or files with no
+            export marker); otherwise such a ``save_dir`` stops the fit at its start.
         lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
     """
 
@@ -75,6 +77,7 @@ class CausalLMModule(BackboneModule):
         dtype: str | None = None,
         trust_remote_code: bool = False,
         save_dir: str | None = None,
+        overwrite: bool = False,
         lora: LoRAConfig | None = None,
     ) -> None:
         super().__init__()
@@ -213,14 +216,3 @@ class CausalLMModule(BackboneModule):
             optimizer, lambda step: warmup_cosine(step, total, warmup, hp.min_lr_ratio)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    # -------------------------------------------------------------------------------------- artefacts
-
-    @override
-    def on_fit_end(self) -> None:
-        if self.hparams.save_dir and self.trainer.is_global_zero:
-            self.save_pretrained(self.hparams.save_dir)
-
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write model (safetensors) and tokenizer so that ``load_backbone(directory)`` reloads them."""
-        return save_backbone(self.model, self.tokenizer, directory)

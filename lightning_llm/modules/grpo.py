@@ -16,7 +16,6 @@ from lightning_llm.envs import Environment
 from lightning_llm.lm import (
     adamw,
     global_mean,
-    save_backbone,
     target_logprobs,
 )
 from lightning_llm.lora import LoRAConfig, fold_adapters, lora_layers
@@ -105,8 +104,11 @@ class GRPOModule(BackboneModule):
         eval_max_new_tokens: generation budget of greedy validation rollouts.
         dtype: parameter dtype of the loaded model.
         trust_remote_code: allow a checkpoint's own code (off by default).
-        save_dir: write the final policy there with ``save_pretrained`` at the end of ``fit`` (LoRA: merged,
-            plus ``save_dir/adapter`` in PEFT's layout while the base weights are untouched).
+        save_dir: write the final policy there with ``save_pretrained`` at the end of ``fit``, not by a
+            ``fast_dev_run`` (LoRA: merged, plus ``save_dir/adapter`` in PEFT's layout while the base weights are
+            untouched).
+        overwrite: let the export replace a ``save_dir`` that holds files another run wrote (or files with no
+            export marker); otherwise such a ``save_dir`` stops the fit at its start.
         lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
     """
 
@@ -140,6 +142,7 @@ class GRPOModule(BackboneModule):
         dtype: str | None = None,
         trust_remote_code: bool = False,
         save_dir: str | None = None,
+        overwrite: bool = False,
         lora: LoRAConfig | None = None,
     ) -> None:
         super().__init__()
@@ -216,6 +219,7 @@ class GRPOModule(BackboneModule):
 
     @override
     def on_fit_start(self) -> None:
+        super().on_fit_start()
         # A fit that will run no training step (``max_steps=0``, or a resumed run already at ``max_steps``) still
         # runs the remaining warm-up steps: ``Trainer(max_steps=0, callbacks=[SFTWarmup(...)])`` is a warm-up only.
         max_steps = self.trainer.max_steps
@@ -584,6 +588,7 @@ class GRPOModule(BackboneModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         # Sampling draws from the global RNGs: keep them, so a resumed run samples the same rollouts.
         checkpoint["grpo_rng_state"] = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -593,6 +598,7 @@ class GRPOModule(BackboneModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         self._pending_rng = (checkpoint.get("grpo_rng_state"), checkpoint.get("grpo_cuda_rng_state"))
         self._pending_reference = checkpoint.get("grpo_reference")
 
@@ -604,8 +610,3 @@ class GRPOModule(BackboneModule):
         if cuda is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(cuda)
         self._pending_rng = None
-
-    @override
-    def on_fit_end(self) -> None:
-        if self.hparams.save_dir and self.trainer.is_global_zero:
-            save_backbone(self.model, self.tokenizer, self.hparams.save_dir)

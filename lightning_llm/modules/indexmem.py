@@ -81,7 +81,10 @@ class IndexMemModule(BackboneModule):
             docs/methods.md §11); see :class:`~lightning_llm.eviction.LatentMemory`.
         indexer_weight, memory_weight: ``λ_I``, ``λ_M``; ``memory_weight=0`` trains the indexer alone.
         lr, weight_decay, betas: AdamW over the indexers and gates.
-        save_dir: if set, :meth:`save_pretrained` writes the indexers and gates there at the end of ``fit``.
+        save_dir: if set, :meth:`save_pretrained` writes the indexers and gates there at the end of ``fit`` (not
+            by a ``fast_dev_run``).
+        overwrite: let the export replace a ``save_dir`` that holds files another run wrote (or files with no
+            export marker); otherwise such a ``save_dir`` stops the fit at its start.
         trust_remote_code: allow a checkpoint's own Python code. Off by default.
     """
 
@@ -106,6 +109,7 @@ class IndexMemModule(BackboneModule):
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.99),
         save_dir: str | None = None,
+        overwrite: bool = False,
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
@@ -318,13 +322,9 @@ class IndexMemModule(BackboneModule):
 
     @override
     def on_fit_start(self) -> None:
+        super().on_fit_start()
         if any(p.requires_grad for p in self.model.parameters()):
             rank_zero_warn("IndexMemModule: backbone parameters require grad; they are not optimised")
-
-    @override
-    def on_fit_end(self) -> None:
-        if self.hparams.save_dir and self.trainer.is_global_zero:
-            self.save_pretrained(self.hparams.save_dir)
 
     # ------------------------------------------------------------------------------------------- artefacts
 

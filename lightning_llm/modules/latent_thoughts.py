@@ -177,6 +177,10 @@ class LatentThoughtsModule(CausalLMModule):
     - **Coconut** (``num_latents=k``, with α = 1): the data holds ``k`` ``<thinking>`` placeholders; their
       targets are not trained (a latent has no token label), and generation forces ``k`` latent steps first.
 
+    ``<thinking>`` must encode as one token of the model's tokenizer (it is added when missing); a tokenizer that
+    splits it is refused at construction, since its data would hold no latent position. The DataModule takes the
+    model's tokenizer (another one is refused at setup by the DataModule's tokenizer check).
+
     Args:
         alpha: Fusion weight α of the context part (1 = Coconut).
         temperature: T of the prediction part's softmax.
@@ -212,13 +216,23 @@ class LatentThoughtsModule(CausalLMModule):
         self._latent_stats: list[Tensor] = []
 
     def _ensure_thinking_token(self) -> int:
-        """The ``<thinking>`` id; added to a tokenizer that lacks it (the model's embeddings follow when it is built)."""
+        """The ``<thinking>`` id; added to a tokenizer that lacks it (the model's embeddings follow when it is built).
+        A tokenizer that knows the tag but does not encode it as that one token is refused."""
         tokenizer = self.tokenizer
         token_id = tokenizer.convert_tokens_to_ids(THINKING_TOKEN)
         if token_id is None or token_id == tokenizer.unk_token_id:
             tokenizer.add_tokens([THINKING_TOKEN], special_tokens=False)
             token_id = tokenizer.convert_tokens_to_ids(THINKING_TOKEN)
         # configure_model resizes the embeddings to the tokenizer (the new row: the mean of the others)
+        for text in (THINKING_TOKEN, f"x {THINKING_TOKEN} y{THINKING_TOKEN}"):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if ids.count(token_id) != text.count(THINKING_TOKEN):
+                raise ValueError(
+                    f"{type(self).__name__}: the latent tag {THINKING_TOKEN!r} is not a single token of the "
+                    f"tokenizer of {self.hparams.model!r}: it has id {token_id}, but {text!r} encodes to {ids}, so "
+                    "training data would hold no latent position. Use a tokenizer where the tag is an added "
+                    "token (one the tokenizer lacks is added at construction)"
+                )
         return int(token_id)
 
     # ----------------------------------------------------------------------------------------- forward
@@ -452,10 +466,12 @@ class LatentThoughtsModule(CausalLMModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint["latent_fusion"] = {k: float(self.hparams[k]) for k in ("alpha", "temperature", "top_p")}
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         fusion = checkpoint.get("latent_fusion")
         if fusion:
             self.set_fusion(**fusion)

@@ -308,3 +308,17 @@ def test_batched_rescale_equals_per_layer_solutions(tiny_backbone):
     for name, layer in lora_layers(model).items():
         torch.testing.assert_close(layer.lora_A.weight, expected[name][0], rtol=1e-6, atol=0)
         torch.testing.assert_close(layer.lora_B.weight, expected[name][1], rtol=1e-6, atol=0)
+
+
+def test_scalora_export_says_it_writes_no_adapter(tiny_backbone, tmp_path, quiet_trainer, caplog):
+    """By design (the rescaling folds updates into the base weights): save_dir holds the merged model only, and
+    the log says why there is no save_dir/adapter."""
+    import logging
+
+    save_dir = tmp_path / "model"
+    module = CausalLMModule(lr=1e-2, lora=_lora(), save_dir=str(save_dir))
+    with caplog.at_level(logging.INFO):
+        quiet_trainer(max_steps=2, callbacks=[ScaLoRA(rank_every=0)]).fit(module, _datamodule())
+    assert (save_dir / "model.safetensors").is_file() and not (save_dir / "adapter").exists()
+    assert f"no LoRA adapter is written to {save_dir / 'adapter'}" in caplog.text
+    assert "ScaLoRA" in caplog.text

@@ -189,7 +189,7 @@ def test_preference_datamodule_from_a_local_file(tmp_path):
 
     path.write_text(json.dumps({"prompt": "Say 1", "chosen": "1"}))
     bad = PreferenceDataModule(task=None, source=str(path), num_val=0)
-    with pytest.raises(DataSourceError, match=r"prefs\.jsonl.*'rejected' is missing"):
+    with pytest.raises(DataSourceError, match=r"prefs\.jsonl, line 1: missing column 'rejected'"):
         bad.setup("fit")
 
 

@@ -253,3 +253,30 @@ def test_checkpoint_keeps_the_stage_fusion(tmp_path, tiny_backbone):
     fresh = LatentThoughtsModule(alpha=1.0)
     fresh.on_load_checkpoint(checkpoint)
     assert (fresh.hparams.alpha, fresh.hparams.top_p) == (0.5, 0.8)
+
+
+def _split_tag_model(tmp_path, tiny_backbone):
+    """The tiny backbone whose tokenizer knows ``<thinking>`` as a vocabulary entry that encoding never produces
+    (a BPE entry, not an added token: the text splits into several pieces)."""
+    import json
+
+    model, tokenizer = tiny_backbone
+    directory = tmp_path / "split_tag"
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    path = directory / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    (entry,) = [t for t in spec["added_tokens"] if t["content"] == "<thinking>"]
+    spec["added_tokens"].remove(entry)
+    spec["model"]["vocab"]["<thinking>"] = entry["id"]
+    path.write_text(json.dumps(spec))
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.get("added_tokens_decoder", {}).pop(str(entry["id"]), None)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(directory)
+
+
+def test_a_latent_tag_that_is_not_one_token_is_refused(tmp_path, tiny_backbone):
+    """Before: such a tokenizer trained with zero latent positions, silently."""
+    with pytest.raises(ValueError, match=r"'<thinking>'.*single token"):
+        LatentThoughtsModule(_split_tag_model(tmp_path, tiny_backbone))

@@ -225,3 +225,21 @@ def test_fused_op_path_matches_plain_path(base, monkeypatch):
     torch.testing.assert_close(fused_loss, plain_loss, atol=ATOL_FP32, rtol=0)
     for fused, plain in zip(fused_grads, plain_grads, strict=True):
         torch.testing.assert_close(fused, plain, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pattern", ["alpha_pattern", "rank_pattern"])
+def test_per_layer_patterns_of_a_peft_adapter_are_refused(base, tmp_path, pattern):
+    """One alpha and one rank for every layer here: a PEFT adapter with per-layer ones is refused, by name (an
+    alpha_pattern used to load silently with the wrong scaling on its layers)."""
+    peft = pytest.importorskip("peft")
+    values = {"alpha_pattern": {"k_proj": 16}, "rank_pattern": {"k_proj": 2}}
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["k_proj", "down_proj"],
+        init_lora_weights=False,
+        **{pattern: values[pattern]},
+    )
+    peft.get_peft_model(copy.deepcopy(base), config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=rf"{pattern}.*k_proj.*not supported"):
+        load_adapter(copy.deepcopy(base), tmp_path)
