@@ -19,13 +19,16 @@ its arguments) end the command with one ``error:`` line naming the flag or class
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import re
 import sys
+import warnings
 from typing import Any, NoReturn
 
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
@@ -33,6 +36,7 @@ from typing_extensions import override
 import lightning_llm.callbacks
 import lightning_llm.datamodules
 import lightning_llm.modules  # noqa: F401
+from lightning_llm.trainer import StepProgressBar
 
 __all__ = ["DEBUG_ENV", "LightningLLMCLI", "condense_error", "main"]
 
@@ -119,6 +123,17 @@ class LightningLLMCLI(LightningCLI):
             parser = self._subcommand_parsers.get(subcommand, self.parser) if subcommand else self.parser
             parser.error(_instantiation_message(error), error)
 
+    @override
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+        # The step progress bar, unless the config turns the bar off or brings its own.
+        given = config.get("callbacks") or []
+        given = given if isinstance(given, list) else [given]
+        if config.get("enable_progress_bar") is not False and not any(
+            isinstance(cb, ProgressBar) for cb in [*given, *callbacks]
+        ):
+            callbacks = [*callbacks, StepProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
+
     #: Model arguments that say where (and whether over what) a run writes its export: on resume the config's and
     #: command line's value wins over the checkpoint's.
     resume_overridable: tuple[str, ...] = ("save_dir", "overwrite")
@@ -196,6 +211,7 @@ def main(args: list[str] | None = None) -> None:
 
         backbones_main(argv)
         return
+    quiet_known_noise()
     LightningLLMCLI(
         LightningModule,
         LightningDataModule,
@@ -204,6 +220,29 @@ def main(args: list[str] | None = None) -> None:
         save_config_kwargs={"overwrite": True},
         args=args,
     )
+
+
+#: Third-party messages with nothing for a user to act on: Lightning's product tips and tensorboard notice,
+#: torchdata's and Lightning's internal deprecations.
+_THIRD_PARTY_NOISE = (
+    "💡 Tip:",
+    "Starting from v1.9.0, `tensorboardX` has been removed",
+    "'set_vital' is deprecated",
+    "`isinstance(treespec, LeafSpec)` is deprecated",
+)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(_THIRD_PARTY_NOISE)
+
+
+def quiet_known_noise() -> None:
+    """Hide the messages of :data:`_THIRD_PARTY_NOISE` (warnings and log records); every other warning still shows."""
+    for message in _THIRD_PARTY_NOISE:
+        warnings.filterwarnings("ignore", message=re.escape(message) + ".*")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_DropNoise())
 
 
 if __name__ == "__main__":  # pragma: no cover
