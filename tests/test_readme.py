@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).parents[1]
@@ -46,8 +47,15 @@ def test_test_line_is_what_ci_runs():
     assert "<!-- ci:test -->" in (ROOT / ".ci" / "run").read_text()
 
 
-def test_python_dash_m_runs_the_readme_config(tmp_path, tiny_backbone):
-    config = re.search(r"--config (\S+)", _line_after("ci:run")).group(1)
+MAIN_CONFIG = re.search(r"--config (\S+)", _line_after("ci:run")).group(1)
+_REAL = "model: smollm2-135m" in (ROOT / MAIN_CONFIG).read_text()
+
+
+@(pytest.mark.pretrained if _REAL else lambda f: f)
+def test_python_dash_m_runs_the_readme_config(tmp_path, tiny_backbone, request):
+    if _REAL:
+        request.getfixturevalue("smollm2_dir")  # the shared, converted SmolLM2 (fetched once)
+    config = MAIN_CONFIG
     proc = subprocess.run(
         [
             sys.executable,
