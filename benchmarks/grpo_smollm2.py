@@ -16,6 +16,8 @@ import argparse
 import csv
 import json
 import os
+import re
+import resource
 import subprocess
 import sys
 import time
@@ -40,14 +42,20 @@ COLUMNS = {
 }
 
 
-def _cli(args: list[str], log: Path) -> float:
+def _cli(args: list[str], log: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of one CLI run (one torch thread)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     with log.open("w") as out:
         subprocess.run(
             [sys.executable, "-m", "lightning_llm.cli", *args], check=True, stdout=out, stderr=out, env=env
         )
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _children_cpu() - cpu
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _metrics(run: Path) -> list[dict[str, str]]:
@@ -61,18 +69,17 @@ def _series(rows: list[dict[str, str]], column: str) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r[column])) for r in rows if r.get(column)]
 
 
-def _run(workdir: Path, name: str, extra: list[str], validate: bool = False) -> float | None:
+def _run(workdir: Path, name: str, extra: list[str], validate: bool = False) -> None:
     run = workdir / name
     if (run / "done").exists():
-        return None
+        return
     run.mkdir(parents=True, exist_ok=True)
     command = ["validate" if validate else "fit", "--config", str(CONFIG), *extra]
     command += ["--trainer.default_root_dir", str(run)]
     if not validate:
         command += ["--model.init_args.save_dir", str(run / "model")]
-    seconds = _cli(command, run / "log.txt")
-    (run / "done").write_text(f"{seconds:.0f}\n")
-    return seconds
+    wall, cpu = _cli(command, run / "log.txt")
+    (run / "done").write_text(json.dumps({"wall_seconds": round(wall), "cpu_seconds": round(cpu)}) + "\n")
 
 
 def summarise(workdir: Path) -> dict[str, Any]:
@@ -88,7 +95,7 @@ def summarise(workdir: Path) -> dict[str, Any]:
         rows = _metrics(workdir / arm)
         record = {k: _series(rows, c) for k, c in COLUMNS.items() if any(r.get(c) for r in rows)}
         record["held_out_task_accuracy"] = _series(rows, "val/rewards/task/mean")
-        record["wall_seconds"] = float((workdir / arm / "done").read_text())
+        record.update(json.loads((workdir / arm / "done").read_text()))
         out["arms"][arm] = record
     return out
 
@@ -97,6 +104,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--extended",
+        type=Path,
+        help="a finished run of the same recipe at more steps (its default_root_dir); its curves are added as "
+        "'extended' with the flags it ran with (read from its saved config.yaml)",
+    )
     args = parser.parse_args()
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; remove it or choose another --out")
@@ -105,7 +118,17 @@ def main() -> None:
     _run(args.workdir, "before", [], validate=True)
     _run(args.workdir, "plain", [])
     _run(args.workdir, "clip_b", ["--config", str(args.workdir / "clip_b.yaml")])
-    args.out.write_text(json.dumps(summarise(args.workdir), indent=1) + "\n")
+    result = summarise(args.workdir)
+    if args.extended:
+        rows = _metrics(args.extended)
+        saved = sorted(args.extended.glob("lightning_logs/version_*/config.yaml"))[-1].read_text()
+        steps = re.search(r"max_steps: (\d+)", saved)
+        result["extended"] = {
+            "max_steps": int(steps.group(1)) if steps else None,
+            "held_out_task_accuracy": _series(rows, "val/rewards/task/mean"),
+            "task": _series(rows, COLUMNS["task"]),
+        }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
