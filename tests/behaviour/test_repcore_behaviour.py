@@ -9,7 +9,10 @@ ridge estimator, and are scored by the mean absolute error on the targets' true 
 Measured (first machine): RepCore MAE 0.085 vs random 0.107 at 10 anchors (ratio 0.79); Spearman 0.78 vs 0.62.
 Re-measured on the CI host of 2026-12-04 (new CPU; the population and every float trajectory changed, and the
 earlier bound, a ratio below 0.9, failed): MAE 0.0956 vs 0.1029 (ratio 0.93), Spearman 0.747 vs 0.670. The
-assertion asks for a ratio below 0.97 and a higher rank correlation: RepCore still wins, by less.
+assertion is paired over the 30 splits: the mean of random's minus RepCore's MAE must exceed half the smaller
+measured mean gap (0.0073 / 2), and RepCore's mean rank correlation must be higher. This session's host
+(2026-12-06) measured the first machine's figures again: MAE 0.085 vs 0.107 (paired gap 0.023, std 0.030 over
+the splits), Spearman 0.78 vs 0.62.
 """
 
 from __future__ import annotations
@@ -47,5 +50,8 @@ def test_repcore_beats_random_anchors_with_ten_source_models(_isolated_home):
             rhos[name].append(spearman(predicted, scores[target]))
     mae = {name: sum(e) / len(e) for name, e in errors.items()}
     rho = {name: sum(r) / len(r) for name, r in rhos.items()}
-    assert mae["repcore"] < 0.97 * mae["random"], (mae, rho)
+    gaps = torch.tensor(errors["random"]) - torch.tensor(errors["repcore"])  # paired by split
+    print("MAE", mae, "Spearman", rho, "paired gap mean", gaps.mean().item(), "std", gaps.std().item())
+    # half the smallest mean gap measured (0.0073, CI host of 2026-12-04)
+    assert gaps.mean() > 0.0036, (mae, rho)
     assert rho["repcore"] > rho["random"], (mae, rho)
