@@ -13,8 +13,10 @@ rates.
 
 Re-measured on the CI host of 2026-12-04 (new CPU, every float trajectory changed): on the LM task ScaLoRA 0.580
 vs restart 0.615 vs LoRA 1.797, so the earlier bound (ScaLoRA below 0.7 x restart) failed there. The LM assertion
-now asks for ScaLoRA below restart (0.97 x) and below half of LoRA: on this host ScaLoRA's lead over restarting
-is a few percent, not the 2x first measured.
+asks, paired over seeds 0-2 (each seed's three arms share the adapter initialisation and data order), for a mean
+gap of restart over ScaLoRA above half the smallest measured (0.035 / 2), and ScaLoRA below half of LoRA on every
+seed. Measured on this session's host (2026-12-06), (ScaLoRA, restart, LoRA): seed 0 (0.512, 1.114, 2.730), seed 1
+(0.518, 1.609, 1.535), seed 2 (0.609, 1.522, 3.813): mean gap 0.87, the first machine's picture.
 """
 
 from __future__ import annotations
@@ -77,6 +79,12 @@ def _copy_data(shift: int) -> ChatSFTDataModule:
     )
 
 
+SEEDS = (0, 1, 2)
+#: Half the smallest mean validation-loss gap of restart over ScaLoRA measured (the CI host of 2026-12-04, seed
+#: 0: 0.035; see the module docstring).
+LM_MARGIN = 0.0175
+
+
 @pytest.fixture(scope="module")
 def copy_model(tiny_backbone, tmp_path_factory, quiet_trainer) -> str:
     """The tiny backbone fully fine-tuned on plain copying (the "pretrained" model the adapters start from)."""
@@ -87,8 +95,8 @@ def copy_model(tiny_backbone, tmp_path_factory, quiet_trainer) -> str:
     return str(path)
 
 
-def _adapt(quiet_trainer, base: str, callbacks, steps: int = 200) -> float:
-    L.seed_everything(0)
+def _adapt(quiet_trainer, base: str, callbacks, steps: int = 200, seed: int = 0) -> float:
+    L.seed_everything(seed)
     module = CausalLMModule(
         base,
         lr=2e-2,
@@ -105,7 +113,13 @@ def _adapt(quiet_trainer, base: str, callbacks, steps: int = 200) -> float:
 
 @pytest.mark.slow
 def test_tiny_lm_shifted_copy_scalora_beats_lora_and_restart(copy_model, quiet_trainer):
-    lora = _adapt(quiet_trainer, copy_model, [])
-    restart = _adapt(quiet_trainer, copy_model, [LoRARestart(interval=50)])
-    scalora = _adapt(quiet_trainer, copy_model, [ScaLoRA(rank_every=0)])
-    assert scalora < 0.97 * restart and scalora < 0.5 * lora, (scalora, restart, lora)
+    runs = []
+    for seed in SEEDS:  # paired: the three arms of a seed share its adapter initialisation and data order
+        lora = _adapt(quiet_trainer, copy_model, [], seed=seed)
+        restart = _adapt(quiet_trainer, copy_model, [LoRARestart(interval=50)], seed=seed)
+        scalora = _adapt(quiet_trainer, copy_model, [ScaLoRA(rank_every=0)], seed=seed)
+        runs.append((scalora, restart, lora))
+    print("validation loss (ScaLoRA, restart, LoRA) per seed:", runs)
+    gap = sum(restart - scalora for scalora, restart, _ in runs) / len(runs)
+    assert gap > LM_MARGIN, runs
+    assert all(scalora < 0.5 * lora for scalora, _, lora in runs), runs
