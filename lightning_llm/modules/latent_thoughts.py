@@ -223,7 +223,8 @@ class LatentThoughtsModule(CausalLMModule):
         if token_id is None or token_id == tokenizer.unk_token_id:
             tokenizer.add_tokens([THINKING_TOKEN], special_tokens=False)
             token_id = tokenizer.convert_tokens_to_ids(THINKING_TOKEN)
-        # configure_model resizes the embeddings to the tokenizer (the new row: the mean of the others)
+        # configure_model resizes the embeddings to the tokenizer (mean_resizing: the new row is drawn from a
+        # normal with the other rows' mean and covariance)
         for text in (THINKING_TOKEN, f"x {THINKING_TOKEN} y{THINKING_TOKEN}"):
             ids = tokenizer.encode(text, add_special_tokens=False)
             if ids.count(token_id) != text.count(THINKING_TOKEN):
