@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import time
@@ -296,7 +297,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             del module, data
             if args.partial is not None:  # progress so far, in case the run is cut short
-                args.partial.write_text(json.dumps({"settings": settings, "runs": runs}, indent=2) + "\n")
+                args.partial.write_text(
+                    json.dumps(_finite({"settings": settings, "runs": runs}), indent=2) + "\n"
+                )
     summary = {}
     for arm in args.arms:
         rows = [r for r in runs if r["arm"] == arm]
@@ -355,9 +358,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("x") as handle:  # "x": never overwrite, even if created meanwhile
-        handle.write(json.dumps(result, indent=2) + "\n")
+        handle.write(json.dumps(_finite(result), indent=2) + "\n")
     print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
     main()
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN floats as None (null), so the file is strict JSON (no latent chains: no collapse)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
