@@ -47,6 +47,7 @@ from lightning_llm.callbacks import LatentThoughtsCurriculum
 from lightning_llm.datamodules import ChatSFTDataModule
 from lightning_llm.lora import LoRAConfig
 from lightning_llm.modules import LatentThoughtsModule, latent_collapse
+from lightning_llm.trainer import quiet_trainer
 
 __all__ = ["ARMS", "evaluate", "run", "train_arm"]
 
@@ -151,20 +152,7 @@ def train_arm(
         curriculum = LatentThoughtsCurriculum(stage_epochs=(1, 1), batch_size=batch_size)
         log = _InsertionLog(curriculum)
         callbacks = [curriculum, log]
-    trainer = L.Trainer(
-        max_epochs=3,
-        max_steps=max_steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        reload_dataloaders_every_n_epochs=1,
-        callbacks=callbacks,
-    )
+    trainer = quiet_trainer(max_steps, max_epochs=3, reload_dataloaders_every_n_epochs=1, callbacks=callbacks)
     start, cpu = time.perf_counter(), time.process_time()
     trainer.fit(module, data)
     record: dict[str, Any] = {
