@@ -25,7 +25,8 @@ answering directly and with a chain of thought, prompted with the task's instruc
 (:func:`lightning_llm.studies.zero_shot.zero_shot_accuracy`; its held-out prompts come from the same task and
 seed, drawn by a ``PromptDataModule``).
 
-Run: ``python -m lightning_llm.studies.latent_thoughts --out benchmarks/results/lt_tuning_smollm2.json``.
+Run: ``python -m lightning_llm.studies.latent_thoughts --out benchmarks/results/lt_tuning_smollm2.json``; seeds
+run separately combine with ``--merge a.json b.json --out both.json``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from lightning_llm.lora import LoRAConfig
 from lightning_llm.modules import LatentThoughtsModule, latent_collapse
 from lightning_llm.trainer import quiet_trainer
 
-__all__ = ["ARMS", "evaluate", "run", "train_arm"]
+__all__ = ["ARMS", "evaluate", "merge", "run", "summarize", "train_arm"]
 
 ARMS = ("cot", "coconut", "lt_tuning")
 DEFAULT_OUT = Path("benchmarks/results/lt_tuning_smollm2.json")
@@ -114,12 +115,14 @@ def train_arm(
     lora_r: int,
     lr: float,
     train_thinking_row: bool,
+    thresholds: tuple[float, float] = (0.3, 0.2),
     max_steps: int = -1,
 ) -> tuple[LatentThoughtsModule, ChatSFTDataModule, dict[str, Any]]:
     """Train one arm for three epochs (``max_steps`` caps them, for timing); returns module, data and its record.
 
     The data (train items and held-out prompts) is drawn with seed 0 for every arm and seed; ``seed`` sets the
-    LoRA initialisation and the batch order.
+    LoRA initialisation and the batch order. ``thresholds`` are the curriculum's confidence thresholds τ entering
+    stages 2 and 3 (LT-Tuning only).
     """
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
@@ -149,7 +152,9 @@ def train_arm(
     callbacks: list[L.Callback] = []
     log = None
     if arm == "lt_tuning":
-        curriculum = LatentThoughtsCurriculum(stage_epochs=(1, 1), batch_size=batch_size)
+        curriculum = LatentThoughtsCurriculum(
+            stage_epochs=(1, 1), thresholds=thresholds, batch_size=batch_size
+        )
         log = _InsertionLog(curriculum)
         callbacks = [curriculum, log]
     trainer = quiet_trainer(max_steps, max_epochs=3, reload_dataloaders_every_n_epochs=1, callbacks=callbacks)
@@ -250,6 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lora_r",
             "lr",
             "train_thinking_row",
+            "thresholds",
             "max_new_tokens",
         )
     }
@@ -268,6 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 lora_r=args.lora_r,
                 lr=args.lr,
                 train_thinking_row=args.train_thinking_row,
+                thresholds=tuple(args.thresholds),
             )
             record = {
                 "arm": arm,
@@ -288,19 +295,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.partial.write_text(
                     json.dumps(_finite({"settings": settings, "runs": runs}), indent=2) + "\n"
                 )
-    summary = {}
-    for arm in args.arms:
-        rows = [r for r in runs if r["arm"] == arm]
-        summary[arm] = {
-            key: statistics.mean(r[key] for r in rows)
-            for key in (
-                "accuracy",
-                "explicit_tokens",
-                "latent_steps",
-                "latent_cosine",
-                "latent_effective_rank",
-            )
-        }
+    summary = summarize(runs)
     references = _references(args.model, args.ops, args.num_eval) if args.references else None
     if references:
         print(f"zero-shot: direct {references['direct_zero_shot']:.3f} CoT {references['cot_zero_shot']:.3f}")
@@ -309,13 +304,77 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": settings,
         "steps_per_arm": runs[0]["steps"] if runs else 0,
         "runs": runs,
-        "summary_mean_over_seeds": summary,
+        "summary_mean_over_seeds": summary["mean"],
+        "summary_range_over_seeds": summary["range"],
         "references": references,
         "total_cpu_seconds": round(time.process_time() - cpu0, 1),
         "total_wall_seconds": round(time.perf_counter() - wall0, 1),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "machine": platform.machine(),
+    }
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN floats as None (null), so the file is strict JSON (no latent chains: no collapse)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+_SUMMARY_KEYS = ("accuracy", "explicit_tokens", "latent_steps", "latent_cosine", "latent_effective_rank")
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per arm, the mean and the ``[min, max]`` over seeds of each summary figure (None where no seed has one:
+    an arm that fed no latent chain has no collapse figures)."""
+    mean: dict[str, dict[str, float | None]] = {}
+    spread: dict[str, dict[str, list[float] | None]] = {}
+    for arm in dict.fromkeys(r["arm"] for r in runs):
+        rows = [r for r in runs if r["arm"] == arm]
+        mean[arm], spread[arm] = {}, {}
+        for key in _SUMMARY_KEYS:
+            values = [r[key] for r in rows if r[key] is not None and not math.isnan(r[key])]
+            mean[arm][key] = statistics.mean(values) if values else None
+            spread[arm][key] = [min(values), max(values)] if values else None
+    return {"mean": mean, "range": spread}
+
+
+def merge(paths: Sequence[Path]) -> dict[str, Any]:
+    """One study from results files of the same settings run with different seeds (runs concatenated, summaries
+    recomputed, the first file's references kept, CPU and wall times added). Refuses files whose settings differ
+    in anything but the seeds, or that repeat a seed."""
+    studies = [json.loads(Path(p).read_text()) for p in paths]
+    if not studies:
+        raise ValueError("merge needs at least one results file")
+    for study in studies:  # written before --thresholds existed: the curriculum's defaults
+        study["settings"].setdefault("thresholds", [0.3, 0.2])
+    first = {k: v for k, v in studies[0]["settings"].items() if k != "seeds"}
+    for path, study in zip(paths, studies, strict=True):
+        other = {k: v for k, v in study["settings"].items() if k != "seeds"}
+        if other != first:
+            changed = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
+            raise ValueError(f"{path}: settings differ from {paths[0]} in {changed}; only seeds may differ")
+    seeds = [s for study in studies for s in study["settings"]["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"the files repeat a seed: {seeds}")
+    runs = [r for study in studies for r in study["runs"]]
+    summary = summarize(runs)
+    references = next((s["references"] for s in studies if s.get("references")), None)
+    return {
+        **studies[0],
+        "settings": {**studies[0]["settings"], "seeds": seeds},
+        "runs": runs,
+        "summary_mean_over_seeds": summary["mean"],
+        "summary_range_over_seeds": summary["range"],
+        "references": references,
+        "total_cpu_seconds": round(sum(s["total_cpu_seconds"] for s in studies), 1),
+        "total_wall_seconds": round(sum(s["total_wall_seconds"] for s in studies), 1),
+        "merged_from": [str(p) for p in paths],
     }
 
 
@@ -333,6 +392,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument(
+        "--thresholds",
+        type=float,
+        nargs=2,
+        default=[0.3, 0.2],
+        metavar=("TAU2", "TAU3"),
+        help="LT-Tuning: confidence below which <thinking> is inserted entering stages 2 and 3",
+    )
+    parser.add_argument(
         "--train-thinking-row", action=argparse.BooleanOptionalAction, default=True, help="see the docstring"
     )
     parser.add_argument("--references", action=argparse.BooleanOptionalAction, default=True)
@@ -340,10 +407,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--partial", type=Path, default=None, help="rewritten after each arm with the runs so far"
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="instead of training, combine these results files (same settings, different seeds) into --out",
+    )
     args = parser.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; remove it or choose another --out")
-    result = run(args)
+    result = merge(args.merge) if args.merge else run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("x") as handle:  # "x": never overwrite, even if created meanwhile
         handle.write(json.dumps(_finite(result), indent=2) + "\n")
@@ -352,14 +426,3 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with NaN floats as None (null), so the file is strict JSON (no latent chains: no collapse)."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

@@ -94,3 +94,39 @@ def test_smollm2_data_tokenizes_thinking_as_one_token(smollm2_dir):
         first = int((ids == thinking).nonzero()[0])
         assert ids[first + 1] == thinking  # adjacent, as written: "<thinking><thinking><answer>"
         assert module.tokenizer.decode(ids[first + 2 :]).startswith("<answer>")
+
+
+def _study_file(path, seeds, accuracies, **settings):
+    runs = [
+        {"arm": "lt_tuning", "seed": s, "accuracy": a, "explicit_tokens": 10.0, "latent_steps": 0.0,
+         "latent_cosine": None, "latent_effective_rank": None}
+        for s, a in zip(seeds, accuracies, strict=True)
+    ]  # fmt: skip
+    body = {
+        "settings": {"model": "tiny", "seeds": seeds, **settings},
+        "runs": runs,
+        "references": {"direct_zero_shot": 0.1},
+        "total_cpu_seconds": 10.0,
+        "total_wall_seconds": 20.0,
+    }
+    path.write_text(json.dumps(body))
+    return path
+
+
+def test_merge_combines_seeds_and_refuses_other_differences(tmp_path):
+    a = _study_file(tmp_path / "a.json", [0], [0.5])
+    b = _study_file(tmp_path / "b.json", [1, 2], [0.25, 1.0], thresholds=[0.3, 0.2])
+    merged = study.merge([a, b])
+    assert merged["settings"]["seeds"] == [0, 1, 2]
+    assert merged["summary_mean_over_seeds"]["lt_tuning"]["accuracy"] == pytest.approx(1.75 / 3)
+    assert merged["summary_range_over_seeds"]["lt_tuning"]["accuracy"] == [0.25, 1.0]
+    assert merged["summary_mean_over_seeds"]["lt_tuning"]["latent_cosine"] is None  # no chain in any seed
+    assert merged["total_cpu_seconds"] == 20.0 and merged["references"] == {"direct_zero_shot": 0.1}
+    with pytest.raises(ValueError, match="repeat a seed"):
+        study.merge([a, a])
+    c = _study_file(tmp_path / "c.json", [3], [0.5], thresholds=[0.9, 0.8])
+    with pytest.raises(ValueError, match=r"differ .* \['thresholds'\]"):
+        study.merge([a, c])
+    out = tmp_path / "merged.json"
+    study.main(["--merge", str(a), str(b), "--out", str(out)])
+    assert json.loads(out.read_text())["settings"]["seeds"] == [0, 1, 2]
