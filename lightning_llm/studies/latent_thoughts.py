@@ -50,7 +50,7 @@ from lightning_llm.lora import LoRAConfig
 from lightning_llm.modules import LatentThoughtsModule, latent_collapse
 from lightning_llm.trainer import quiet_trainer
 
-__all__ = ["ARMS", "evaluate", "merge", "run", "summarize", "train_arm"]
+__all__ = ["ARMS", "evaluate", "merge", "nan_to_none", "run", "summarize", "train_arm"]
 
 ARMS = ("cot", "coconut", "lt_tuning")
 DEFAULT_OUT = Path("benchmarks/results/lt_tuning_smollm2.json")
@@ -97,8 +97,8 @@ class _InsertionLog(L.Callback):
             )
 
 
-def _task(arm: str, ops: str, latent_steps: int) -> dict[str, Any]:
-    task = {"digits": 1, "operands": 3, "ops": ops}
+def _task(arm: str, ops: str, latent_steps: int, digits: int = 1, operands: int = 3) -> dict[str, Any]:
+    task = {"digits": digits, "operands": operands, "ops": ops}
     return {**task, "latent_steps": latent_steps} if arm == "coconut" else {**task, "chain_of_thought": True}
 
 
@@ -116,20 +116,28 @@ def train_arm(
     lr: float,
     train_thinking_row: bool,
     thresholds: tuple[float, float] = (0.3, 0.2),
+    digits: int = 1,
+    operands: int = 3,
+    stage_epochs: tuple[int, int] = (1, 1),
+    max_length: int = 128,
     max_steps: int = -1,
+    trainer_kwargs: dict[str, Any] | None = None,
 ) -> tuple[LatentThoughtsModule, ChatSFTDataModule, dict[str, Any]]:
-    """Train one arm for three epochs (``max_steps`` caps them, for timing); returns module, data and its record.
+    """Train one arm for ``1 + sum(stage_epochs)`` epochs (``max_steps`` caps them, for timing); returns module,
+    data and its record.
 
     The data (train items and held-out prompts) is drawn with seed 0 for every arm and seed; ``seed`` sets the
     LoRA initialisation and the batch order. ``thresholds`` are the curriculum's confidence thresholds τ entering
-    stages 2 and 3 (LT-Tuning only).
+    stages 2 and 3 (LT-Tuning only). The task is ``operands`` numbers of ``digits`` digits; Coconut takes
+    ``latent_steps`` latents per reasoning step (``operands - 1`` steps). ``trainer_kwargs`` go to the Trainer
+    (e.g. ``accelerator="gpu"``, ``precision="bf16-mixed"``).
     """
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
     L.seed_everything(seed, verbose=False)
     kwargs: dict[str, Any] = {"alpha": 1.0} if arm != "lt_tuning" else {"alpha": 0.55}
     if arm == "coconut":
-        kwargs["num_latents"] = latent_steps * 2  # two reasoning steps per 3-operand expression
+        kwargs["num_latents"] = latent_steps * (operands - 1)  # one reasoning step per operation
     if arm == "cot":
         kwargs["max_latent_steps"] = 0  # plain CoT decoding: never switch to a latent
     module = _StudyModule(
@@ -142,11 +150,11 @@ def train_arm(
     )
     data = ChatSFTDataModule(
         task="arithmetic",
-        task_kwargs=_task(arm, ops, latent_steps),
+        task_kwargs=_task(arm, ops, latent_steps, digits, operands),
         num_train=num_train,
         num_val=num_eval,
         batch_size=batch_size,
-        max_length=128,
+        max_length=max_length,
         seed=0,
     )
     callbacks: list[L.Callback] = []
@@ -157,7 +165,13 @@ def train_arm(
         )
         log = _InsertionLog(curriculum)
         callbacks = [curriculum, log]
-    trainer = quiet_trainer(max_steps, max_epochs=3, reload_dataloaders_every_n_epochs=1, callbacks=callbacks)
+    trainer = quiet_trainer(
+        max_steps,
+        max_epochs=1 + sum(stage_epochs),
+        reload_dataloaders_every_n_epochs=1,
+        callbacks=callbacks,
+        **(trainer_kwargs or {}),
+    )
     start, cpu = time.perf_counter(), time.process_time()
     trainer.fit(module, data)
     record: dict[str, Any] = {
@@ -195,7 +209,7 @@ def evaluate(
         texts += out["texts"]
         tokens += out["explicit_tokens"]
         steps += out["latent_steps"]
-        chains += [c for c in out["latents"] if c.shape[0] >= 2]
+        chains += [c.float().cpu() for c in out["latents"] if c.shape[0] >= 2]
     stats: dict[str, Any] = {"mean_cosine": float("nan"), "effective_rank": float("nan"), "chains": 0}
     if chains:
         width = max(c.shape[0] for c in chains)
@@ -293,7 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             del module, data
             if args.partial is not None:  # progress so far, in case the run is cut short
                 args.partial.write_text(
-                    json.dumps(_finite({"settings": settings, "runs": runs}), indent=2) + "\n"
+                    json.dumps(nan_to_none({"settings": settings, "runs": runs}), indent=2) + "\n"
                 )
     summary = summarize(runs)
     references = _references(args.model, args.ops, args.num_eval) if args.references else None
@@ -315,14 +329,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _finite(value: Any) -> Any:
+def nan_to_none(value: Any) -> Any:
     """``value`` with NaN floats as None (null), so the file is strict JSON (no latent chains: no collapse)."""
     if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: nan_to_none(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [nan_to_none(v) for v in value]
     return value
 
 
@@ -420,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = merge(args.merge) if args.merge else run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("x") as handle:  # "x": never overwrite, even if created meanwhile
-        handle.write(json.dumps(_finite(result), indent=2) + "\n")
+        handle.write(json.dumps(nan_to_none(result), indent=2) + "\n")
     print(f"wrote {args.out}")
 
 
