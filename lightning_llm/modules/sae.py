@@ -53,10 +53,15 @@ class SparseAutoencoderModule(L.LightningModule):
 
     Validation takes the DataModule's per-dialogue batches (``activations [b, T, d]``, ``attention_mask``,
     ``special_mask``, ``input_ids``) and logs ``val/mse`` (per-sequence MSE, FAST's), ``val/mse_special`` (special
-    tokens only) and their ``log2`` versions, ``val/explained_variance``, ``val/l0``, and, when the DataModule
+    tokens only), ``val/mse_ordinary`` (the other real tokens) and their ``log2`` versions,
+    ``val/explained_variance`` with its ``_special`` and ``_ordinary`` parts, ``val/l0``, and, when the DataModule
     exposes its frozen ``backbone`` and ``layer``, ``val/delta_loss`` (relative change of the LM loss with the
-    reconstruction spliced in) and ``val/ce_recovered``. Training logs the loss terms, ``train/l0`` and
-    ``train/dead_fraction`` (latents silent for the last ``dead_window_tokens`` tokens).
+    reconstruction spliced in) and ``val/ce_recovered``. Special tokens are the DataModule's ``special_mask``
+    (the tokenizer's special ids: ``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>``...); they are reported
+    apart from ordinary tokens because their norms are far larger and dominate any pooled figure. Training logs
+    the loss terms, ``train/mse_special`` and ``train/mse_ordinary`` (per-token squared error in the scaled space,
+    when the batch has a ``special_mask``), ``train/l0`` and ``train/dead_fraction`` (latents silent for the last
+    ``dead_window_tokens`` tokens).
 
     Args:
         d_in: activation width; ``None`` takes ``datamodule.d_in`` at setup (recorded in the hyperparameters, so
@@ -198,17 +203,22 @@ class SparseAutoencoderModule(L.LightningModule):
             base *= min(1.0, (self.global_step + 1) / hp.sparsity_warmup_steps)
         return base
 
-    def losses(self, x: Tensor, *, with_l0: bool = True) -> dict[str, Tensor]:
+    def losses(
+        self, x: Tensor, *, with_l0: bool = True, special_mask: Tensor | None = None
+    ) -> dict[str, Tensor]:
         """Loss terms for raw activations ``x [N, d_in]`` (see the module docstring); ``loss`` is their sum.
 
         Also ``l0`` (active latents per token, detached) unless ``with_l0=False``, and updates the dead-latent
-        counters from which latents fired in this batch.
+        counters from which latents fired in this batch. With ``special_mask [N]`` (bool), also the detached
+        ``mse_special`` and ``mse_ordinary`` (mean per-token squared error of each kind, NaN for a kind absent
+        from the batch); they are not part of ``loss``.
         """
         sae, hp = self.sae, self.hparams
         x_scaled = x.to(sae.W_dec.dtype) * sae.input_scale
         acts, indices, l0 = sae.encode_scaled(x_scaled)
         recon = sae.decode_scaled(acts, indices)
-        out: dict[str, Tensor] = {"mse": (recon - x_scaled).pow(2).sum(-1).mean()}
+        token_error = (recon - x_scaled).pow(2).sum(-1)
+        out: dict[str, Tensor] = {"mse": token_error.mean()}
         if hp.architecture == "relu":
             out["sparsity"] = self.sparsity_coefficient() * (acts * sae.W_dec.norm(dim=1)).sum(-1).mean()
         elif hp.architecture == "jumprelu":
@@ -216,6 +226,12 @@ class SparseAutoencoderModule(L.LightningModule):
         else:
             out["aux"] = self._aux_loss(x_scaled, recon, hp.aux_coefficient)
         out["loss"] = sum(out.values())
+        if special_mask is not None:
+            with torch.no_grad():
+                special = special_mask.reshape(-1).to(device=token_error.device, dtype=torch.bool)
+                error = token_error.detach()
+                out["mse_special"] = error[special].mean()
+                out["mse_ordinary"] = error[~special].mean()
         with torch.no_grad():
             if indices is None:  # dense activations, all >= 0
                 fired = acts.amax(0) > 0
@@ -256,12 +272,15 @@ class SparseAutoencoderModule(L.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         x = _activations(batch).reshape(-1, self.sae.d_in)
         log = self._log_this_step()
-        out = self.losses(x, with_l0=log)
+        special = batch.get("special_mask") if log and isinstance(batch, dict) else None
+        out = self.losses(x, with_l0=log, special_mask=special)
         if (
             log
         ):  # self.log costs ~0.3 ms a call, a tenth of a small SAE's step; loggers only write these steps
             batch_size = x.shape[0]
             for name, value in out.items():
+                if name in ("mse_special", "mse_ordinary") and not torch.isfinite(value):
+                    continue  # no token of that kind in this batch
                 self.log(f"train/{name}", value.detach(), batch_size=batch_size, prog_bar=name == "loss")
             dead = (self.tokens_since_fired >= self.hparams.dead_window_tokens).float().mean()
             self.log("train/dead_fraction", dead, batch_size=batch_size)
@@ -342,33 +361,43 @@ class SparseAutoencoderModule(L.LightningModule):
 
 
 class _ValidationMetrics(nn.Module):
-    """FAST's evaluation: per-sequence MSE (all tokens, special tokens), explained variance, L0, Delta Loss."""
+    """FAST's evaluation: per-sequence MSE and explained variance, each over all, special and ordinary tokens;
+    L0, Delta Loss."""
 
     def __init__(self) -> None:
         super().__init__()
         self.mse = SequenceMSE()
         self.mse_special = SequenceMSE(special_only=True)
+        self.mse_ordinary = SequenceMSE(ordinary_only=True)
         self.explained_variance = ExplainedVariance()
+        self.explained_variance_special = ExplainedVariance()
+        self.explained_variance_ordinary = ExplainedVariance()
         self.l0 = MeanL0()
         self.delta = DeltaLoss(layer=0)  # the layer is the DataModule's, set before each update
 
     def update(self, x: Tensor, x_hat: Tensor, f: Tensor, mask: Tensor, special: Tensor | None) -> None:
         self.mse.update(x, x_hat, mask)
+        self.explained_variance.update(x, x_hat, mask)
         if special is not None:
             self.mse_special.update(x, x_hat, mask, special)
-        self.explained_variance.update(x, x_hat, mask)
+            self.mse_ordinary.update(x, x_hat, mask, special)
+            special = special.to(device=mask.device, dtype=torch.bool)
+            self.explained_variance_special.update(x, x_hat, mask & special)
+            self.explained_variance_ordinary.update(x, x_hat, mask & ~special)
         self.l0.update(f, mask)
 
     def compute(self) -> dict[str, Tensor]:
         """The metrics that saw data this epoch (``log2_*`` are FAST's reporting scale)."""
         out: dict[str, Tensor] = {}
-        for name in ("mse", "mse_special"):
+        for name in ("mse", "mse_special", "mse_ordinary"):
             metric = getattr(self, name)
             if metric.update_count:
                 out[name] = metric.compute()
                 out[f"log2_{name}"] = torch.log2(out[name])
+        for name in ("explained_variance", "explained_variance_special", "explained_variance_ordinary"):
+            if getattr(self, name).update_count:
+                out[name] = getattr(self, name).compute()
         if self.l0.update_count:
-            out["explained_variance"] = self.explained_variance.compute()
             out["l0"] = self.l0.compute()
         if self.delta.update_count:
             delta = self.delta.compute()
@@ -376,7 +405,16 @@ class _ValidationMetrics(nn.Module):
         return out
 
     def reset(self) -> None:
-        for metric in (self.mse, self.mse_special, self.explained_variance, self.l0, self.delta):
+        for metric in (
+            self.mse,
+            self.mse_special,
+            self.mse_ordinary,
+            self.explained_variance,
+            self.explained_variance_special,
+            self.explained_variance_ordinary,
+            self.l0,
+            self.delta,
+        ):
             metric.reset()
 
 

@@ -193,3 +193,45 @@ def test_checkpoint_resume_is_exact(tmp_path, quiet_trainer):
         torch.testing.assert_close(a, b, msg=name)
     state = torch.load(ckpt, weights_only=True)
     assert state["hyper_parameters"]["d_in"] == D_IN
+
+
+def test_special_and_ordinary_tokens_are_scored_and_logged_apart(quiet_trainer):
+    """Validation logs MSE and explained variance over special and ordinary tokens separately (each equal to
+    the pooled metric restricted to its tokens), and training logs the two per-token MSEs."""
+    torch.manual_seed(0)
+    module = SparseAutoencoderModule(
+        D_IN, expansion=4, architecture="topk", k=4, lr=3e-3, compute_delta_loss=False
+    )
+    x = torch.randn(4, 6, D_IN)
+    special = torch.zeros(4, 6, dtype=torch.bool)
+    special[:, 0] = True  # an attention-sink-like first token with a far larger norm
+    x[:, 0] *= 30
+    mask = torch.ones(4, 6, dtype=torch.long)
+    mask[3, 4:] = 0
+    batch = {"activations": x, "attention_mask": mask, "special_mask": special}
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=1.0)
+    logged = trainer.validate(module, StatefulDataLoader([batch], batch_size=None), verbose=False)[0]
+    with torch.no_grad():
+        x_hat = module.sae(x)
+    real = mask.bool()
+    for name, selected in (("special", real & special), ("ordinary", real & ~special)):
+        error = (x - x_hat).pow(2).sum(-1)
+        per_sequence = [float(error[b][selected[b]].mean()) for b in range(4)]
+        assert logged[f"val/mse_{name}"] == pytest.approx(sum(per_sequence) / 4, rel=1e-5)
+        rows, rows_hat = x[selected].double(), x_hat[selected].double()
+        ev = 1 - float((rows - rows_hat).pow(2).sum() / (rows - rows.mean(0)).pow(2).sum())
+        assert logged[f"val/explained_variance_{name}"] == pytest.approx(ev, rel=1e-5, abs=1e-6)
+    # the pooled figure is not the ordinary tokens' one (the large special tokens dominate it)
+    assert logged["val/explained_variance_ordinary"] < logged["val/explained_variance"]
+
+    flat = x[real]
+    out = module.losses(flat, special_mask=special[real])
+    scaled_error = (module.sae(flat) - flat).pow(2).sum(-1) * module.sae.input_scale**2
+    torch.testing.assert_close(out["mse_special"], scaled_error[special[real]].mean().detach())
+    torch.testing.assert_close(out["mse_ordinary"], scaled_error[~special[real]].mean().detach())
+    train = StatefulDataLoader(
+        [{"activations": flat[:16], "special_mask": special[real][:16]}], batch_size=None, shuffle=False
+    )
+    fit = quiet_trainer(max_steps=1, log_every_n_steps=1)
+    fit.fit(module, train)
+    assert {"train/mse_special", "train/mse_ordinary"} <= set(fit.logged_metrics)
