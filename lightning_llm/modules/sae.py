@@ -13,14 +13,20 @@ with the sparsity term of the architecture:
 * ``"jumprelu"``: :math:`\mathcal{S} = \sum_i H(z_i - \theta_i)` (L0, straight-through); FAST's
   :math:`\lambda = 0.01`, :math:`\varepsilon = 0.001`, :math:`\theta_0 = 0.001`.
 * ``"topk"``: no sparsity term, plus the AuxK loss :math:`\alpha_{aux}\lVert e - \hat e\rVert^2` where
-  :math:`e = c x - c\hat x` (detached) and :math:`\hat e` is the decoding of the top-:math:`k_{aux}` *dead*
-  latents (:math:`k_{aux} = d/2`, :math:`\alpha_{aux} = 1/32`, scaled down by :math:`\min(1, n_{dead}/k_{aux})` as
-  in SAELens).
+  :math:`e = c x - c\hat x` (detached) and :math:`\hat e = \sum_{i \in A} z_i d_i` (no bias) decodes the
+  top-:math:`k_{aux}` *dead* latents :math:`A` by pre-activation :math:`z` (:math:`k_{aux} = d/2`,
+  :math:`\alpha_{aux} = 1/32`, scaled down by :math:`\min(1, n_{dead}/k_{aux})` as in SAELens). By default the
+  pre-activations enter as they are, negative ones included (SAELens's convention, ``aux_relu=False``);
+  ``aux_relu=True`` applies a ReLU before the top-k, which zeroes the loss and its gradient whenever the dead
+  latents' pre-activations are all negative -- the usual state of a dead latent -- so they get no revival
+  signal.
 
 :math:`\lambda_t` ramps linearly from 0 over ``sparsity_warmup_steps`` (the sparsity-coefficient warm-up).
 :math:`b_{dec}` starts at the geometric median of a sample of (scaled) activations
 (:func:`~lightning_llm.sae.geometric_median`); decoder rows are renormalised after every optimiser step, and the
-gradient component parallel to each row is removed before it, so the step is taken on the sphere. Optimiser: Adam
+gradient component parallel to each row is removed before it, so the step is taken on the sphere (with
+``rescale_acts_by_decoder_norm``, SAELens's TopK convention, the rows are left free instead and the SAE rescales
+by their norms; see :mod:`lightning_llm.sae`). Optimiser: Adam
 with linear warm-up and cosine decay, FAST's 7e-5 → 7e-6 (``lr``, ``min_lr_ratio=0.1``).
 """
 
@@ -74,6 +80,14 @@ class SparseAutoencoderModule(L.LightningModule):
         jumprelu_threshold: :math:`\theta_0` (FAST: 0.001).
         jumprelu_bandwidth: :math:`\varepsilon` (FAST: 0.001).
         aux_coefficient: :math:`\alpha_{aux}` of ``"topk"`` (1/32).
+        aux_relu: ReLU the dead latents' pre-activations before AuxK's top-k. Default False, SAELens's
+            convention: with all-negative dead pre-activations (the usual case) the ReLU makes AuxK zero and
+            gives dead latents no gradient toward the residual; without it the least negative ones are pushed
+            to explain the residual. True is this library's earlier behaviour.
+        rescale_acts_by_decoder_norm: ``"topk"`` only: SAELens's TopK training convention -- decoder rows are
+            not renormalised (nor their gradients projected) and the SAE selects and decodes through
+            :math:`z_i\lVert d_i\rVert` (:class:`~lightning_llm.sae.SparseAutoencoder`). Default False: unit
+            rows, renormalised after every step.
         dead_window_tokens: a latent that has not fired for this many training tokens is dead (AuxK, logging).
         lr: Adam peak learning rate (FAST: 7e-5).
         min_lr_ratio: cosine floor as a fraction of ``lr`` (FAST: 7e-6 / 7e-5 = 0.1).
@@ -98,6 +112,8 @@ class SparseAutoencoderModule(L.LightningModule):
         jumprelu_threshold: float = 0.001,
         jumprelu_bandwidth: float = 0.001,
         aux_coefficient: float = 1 / 32,
+        aux_relu: bool = False,
+        rescale_acts_by_decoder_norm: bool = False,
         dead_window_tokens: int = 1_000_000,
         lr: float = 7e-5,
         min_lr_ratio: float = 0.1,
@@ -127,6 +143,10 @@ class SparseAutoencoderModule(L.LightningModule):
         ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if rescale_acts_by_decoder_norm and architecture != "topk":
+            raise ValueError(
+                f"rescale_acts_by_decoder_norm applies to architecture='topk' only, got {architecture!r}"
+            )
         if dead_window_tokens < 1 or init_sample_tokens < 1:
             raise ValueError("dead_window_tokens and init_sample_tokens must be >= 1")
         self.save_hyperparameters()
@@ -144,6 +164,7 @@ class SparseAutoencoderModule(L.LightningModule):
             jumprelu_threshold=hp.jumprelu_threshold,
             jumprelu_bandwidth=hp.jumprelu_bandwidth,
             seed=hp.seed,
+            rescale_acts_by_decoder_norm=hp.rescale_acts_by_decoder_norm,
         )
         # Training tokens since each latent last fired; a checkpointed buffer, so dead-latent state resumes.
         self.register_buffer("tokens_since_fired", torch.zeros(self.sae.d_sae, dtype=torch.long))
@@ -246,7 +267,11 @@ class SparseAutoencoderModule(L.LightningModule):
         return out
 
     def _aux_loss(self, x_scaled: Tensor, recon: Tensor, coefficient: float) -> Tensor:
-        """AuxK: the top-``d/2`` dead latents reconstruct the (detached) residual; zero without dead latents."""
+        """AuxK: the top-``d/2`` dead latents reconstruct the (detached) residual; zero without dead latents.
+
+        Top-k over the dead latents' raw pre-activations (``aux_relu=False``) or their ReLU (``True``); with
+        ``rescale_acts_by_decoder_norm`` over :math:`z_i\lVert d_i\rVert`, decoded divided by the norms, as
+        SAELens does."""
         dead = (self.tokens_since_fired >= self.hparams.dead_window_tokens).nonzero().squeeze(1)
         if coefficient == 0 or dead.numel() == 0:
             return recon.new_zeros(())
@@ -254,7 +279,17 @@ class SparseAutoencoderModule(L.LightningModule):
         k_aux = min(sae.d_in // 2 or 1, dead.numel())
         scale = min(dead.numel() / max(1, sae.d_in // 2), 1.0)
         residual = (x_scaled - recon).detach()
-        values, positions = topk_encode(x_scaled - sae.b_dec, sae.W_enc[dead], sae.b_enc[dead], k_aux)
+        weight, bias = sae.W_enc[dead], sae.b_enc[dead]
+        if sae.rescale_acts_by_decoder_norm:
+            norms = sae.W_dec[dead].norm(dim=1)
+            weight, bias = weight * norms[:, None], bias * norms
+        if self.hparams.aux_relu:
+            values, positions = topk_encode(x_scaled - sae.b_dec, weight, bias, k_aux)
+        else:
+            pre = nn.functional.linear(x_scaled - sae.b_dec, weight, bias)
+            values, positions = pre.topk(k_aux, dim=-1, sorted=False)
+        if sae.rescale_acts_by_decoder_norm:
+            values = values / norms[positions]
         aux_recon = sparse_decode(values, dead[positions], sae.W_dec)
         return coefficient * scale * (aux_recon - residual).pow(2).sum(-1).mean()
 
@@ -296,11 +331,13 @@ class SparseAutoencoderModule(L.LightningModule):
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.sae.remove_parallel_gradient()
+        if not self.sae.rescale_acts_by_decoder_norm:  # SAELens's TopK convention leaves the rows free
+            self.sae.remove_parallel_gradient()
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.sae.normalize_decoder()
+        if not self.sae.rescale_acts_by_decoder_norm:
+            self.sae.normalize_decoder()
 
     # ------------------------------------------------------------------------------ validation
 
