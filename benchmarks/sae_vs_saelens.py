@@ -36,8 +36,8 @@ both SAEs' ``encode``/``decode`` on the held-out activations: MSE over all token
 compares it with the same SAE math in a hand-written loop (Lightning's share of our time).
 
     python benchmarks/sae_vs_saelens.py                  # topk and relu, 200 steps of 1024 tokens, 5 reps
-    python benchmarks/sae_vs_saelens.py --model smollm2-135m --data chat --layer 15 --batch-size 256 \
-        --steps 128 --dead-window-steps 16 --heldout-dialogues 60 --ours-variants default rescale aux_relu \
+    python benchmarks/sae_vs_saelens.py --model smollm2-135m --data chat --layer 15 --expansion 4 --batch-size 256 \
+        --steps 100 --dead-window-steps 16 --heldout-dialogues 60 --ours-variants default rescale aux_relu \
         --tag smollm2                                    # real activations -> results/sae_vs_saelens-smollm2.json
 """
 
