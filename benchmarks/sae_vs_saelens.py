@@ -3,9 +3,12 @@
 Both libraries train the same SAE on the same activations in one process, side by side:
 
 * **data**: residual-stream activations of ``--model`` (default the tiny Llama; fp32, eval mode) at the output of
-  block ``--layer`` (HF ``hidden_states[layer + 1]``), every token of chat-templated arithmetic dialogues,
-  harvested by ``ActivationDataModule(mode="sequential")`` (exactly ``steps x batch_size`` training tokens
-  through its seeded mixing buffer). One epoch is materialised once; a plain ``DataLoader`` over it feeds ours
+  block ``--layer`` (HF ``hidden_states[layer + 1]``), every token of chat-templated dialogues: ``--data
+  arithmetic`` (default) harvested by ``ActivationDataModule(mode="sequential")`` (exactly ``steps x batch_size``
+  training tokens through its seeded mixing buffer); ``--data chat`` the shipped multi-turn chat corpus, one
+  conversation per sequence (:func:`lightning_llm.studies.sae_fast.harvest_corpus`, its last
+  ``--heldout-dialogues`` conversations held out), the first ``steps x batch_size`` training tokens shuffled
+  with ``--seed``. One epoch is materialised once; a plain ``DataLoader`` over it feeds ours
   and SAELens's ``SAETrainer`` iterates the same loader, so both train on identical batches in identical order
   (checked: digests of what each side received). Held-out: the DataModule's validation dialogues.
 * **SAE**: ``d_sae = --expansion x d_in``; ``topk`` (k, AuxK 1/32 with k_aux = d_in / 2) and ``relu`` (L1 x
@@ -16,7 +19,10 @@ Both libraries train the same SAE on the same activations in one process, side b
   on both; no wandb, checkpoints, evaluators, logger or progress bar.
 * **differences by design**: ours keeps decoder rows at unit norm (parallel gradient removed, rows renormalised
   after each step); SAELens TopK rescales activations by the decoder norm and never renormalises, SAELens
-  standard leaves rows free. Dead latents: SAELens counts steps, ours tokens (aligned windows). Ours' timed fit
+  standard leaves rows free. For TopK, ``--ours-variants`` adds our module under SAELens's conventions, one lead
+  of the quality gap each: ``rescale`` (``rescale_acts_by_decoder_norm=True``: free rows, selection through
+  ``z * ||d||``) and ``aux_relu`` (the former AuxK, a ReLU before the dead latents' top-k; ``default`` has
+  SAELens's AuxK). Dead latents: SAELens counts steps, ours tokens (aligned windows). Ours' timed fit
   includes Lightning's startup (``on_fit_start``: input scale, geometric median) and ``self.log`` every step;
   SAELens's includes its norm estimate and the final folding of the scale; its ``b_dec`` median is computed
   beforehand (its trainer has no such step). For ``relu`` read the MSE with L0 (the L1 penalty sets each side's).
@@ -25,10 +31,14 @@ Measurement: per architecture a short untimed warm-up fit per side, then ``--rep
 order, repetition ``r`` with a fresh SAE initialised from seed ``seed + r`` on both sides (so the held-out MSE is
 over ``reps`` seeds, paired). Timed: ``trainer.fit`` of each side (whole-fit tokens/s) and, inside it, the median
 interval between batch requests (steady-state tokens/s, no startup). After every fit one function evaluates
-both SAEs' ``encode``/``decode`` on the held-out activations. ``tools/profile_sae.py`` profiles our fit and
+both SAEs' ``encode``/``decode`` on the held-out activations: MSE over all tokens and, separately, over special
+(chat-template) and ordinary tokens, explained variance, L0, dead latents. ``tools/profile_sae.py`` profiles our fit and
 compares it with the same SAE math in a hand-written loop (Lightning's share of our time).
 
     python benchmarks/sae_vs_saelens.py                  # topk and relu, 200 steps of 1024 tokens, 5 reps
+    python benchmarks/sae_vs_saelens.py --model smollm2-135m --data chat --layer 15 --expansion 4 --batch-size 256 \
+        --steps 100 --dead-window-steps 16 --heldout-dialogues 60 --ours-variants default rescale aux_relu \
+        --tag smollm2                                    # real activations -> results/sae_vs_saelens-smollm2.json
 """
 
 from __future__ import annotations
@@ -55,10 +65,12 @@ INIT_TOL = 1e-5  # relative |MSE_ours - MSE_saelens| of the two initial SAEs on 
 
 
 def harvest(args: argparse.Namespace) -> dict[str, torch.Tensor]:
-    """Training tokens (one epoch, in training order) and held-out tokens from ``ActivationDataModule``."""
+    """Training tokens (one epoch, in training order), held-out tokens and their special-token flags."""
     from lightning_llm.datamodules.activations import ActivationDataModule
 
     needed = args.steps * args.batch_size
+    if args.data == "chat":
+        return _harvest_chat(args, needed)
     # fmt: off
     dm = ActivationDataModule(
         model=args.model, layer=args.layer, mode="sequential", task="arithmetic",
@@ -70,7 +82,34 @@ def harvest(args: argparse.Namespace) -> dict[str, torch.Tensor]:
     dm.setup("fit")
     train = torch.cat([batch["activations"] for batch in dm.train_dataloader()])
     heldout = torch.cat([b["activations"][b["attention_mask"].bool()] for b in dm.val_dataloader()])
-    return {"train": train.float().contiguous(), "heldout": heldout.float().contiguous()}
+    special = torch.cat([b["special_mask"][b["attention_mask"].bool()] for b in dm.val_dataloader()])
+    return {
+        "train": train.float().contiguous(),
+        "heldout": heldout.float().contiguous(),
+        "heldout_special": special.bool(),
+    }
+
+
+def _harvest_chat(args: argparse.Namespace, needed: int) -> dict[str, torch.Tensor]:
+    """The chat corpus's conversations, one per sequence; the first ``needed`` training tokens, shuffled."""
+    from lightning_llm.backbones import load_backbone
+    from lightning_llm.studies.sae_fast import harvest_corpus
+
+    model, tokenizer = load_backbone(args.model)
+    model.eval().requires_grad_(False)
+    # fmt: off
+    data = harvest_corpus(
+        model, tokenizer, layer=args.layer, mode="sequential", num_tokens=needed,
+        num_val=args.heldout_dialogues, max_length=args.max_length,
+    )
+    # fmt: on
+    order = torch.randperm(needed, generator=torch.Generator().manual_seed(args.seed))
+    real = data["val"]["attention_mask"].bool()
+    return {
+        "train": data["train"][order].float().contiguous(),
+        "heldout": data["val"]["activations"][real].float().contiguous(),
+        "heldout_special": data["val"]["special_mask"][real],
+    }
 
 
 class Batches(torch.utils.data.Dataset):
@@ -101,7 +140,15 @@ def _provider(data: torch.utils.data.DataLoader, record: list[torch.Tensor] | No
         yield batch["activations"]
 
 
-def ours_module(args: argparse.Namespace, arch: str, d_in: int, seed: int) -> Any:
+#: Our TopK module under each lead's convention (see the module docstring).
+VARIANTS = {
+    "default": {},
+    "rescale": {"rescale_acts_by_decoder_norm": True},
+    "aux_relu": {"aux_relu": True},
+}
+
+
+def ours_module(args: argparse.Namespace, arch: str, d_in: int, seed: int, variant: str = "default") -> Any:
     from lightning_llm.modules.sae import SparseAutoencoderModule
 
     # fmt: off
@@ -110,7 +157,7 @@ def ours_module(args: argparse.Namespace, arch: str, d_in: int, seed: int) -> An
         aux_coefficient=args.aux_coefficient,
         dead_window_tokens=(args.dead_window_steps + 1) * args.batch_size, lr=args.lr, min_lr_ratio=1.0,
         warmup_steps=0, sparsity_warmup_steps=0, betas=(0.9, 0.999), normalize_activations=True,
-        init_sample_tokens=args.batch_size, compute_delta_loss=False, seed=seed,
+        init_sample_tokens=args.batch_size, compute_delta_loss=False, seed=seed, **VARIANTS[variant],
     )
     # fmt: on
 
@@ -181,25 +228,38 @@ def _saelens_trainer(args: argparse.Namespace, sae: Any, provider: Iterator[Any]
 
 
 @torch.no_grad()
-def evaluate(sae: Any, x: torch.Tensor, chunk: int = 4096) -> dict[str, float]:
-    """THE metric function for both trained SAEs: raw-unit MSE per token, explained variance, L0, dead latents."""
+def evaluate(
+    sae: Any, x: torch.Tensor, special: torch.Tensor | None = None, chunk: int = 4096
+) -> dict[str, float]:
+    """THE metric function for both trained SAEs: raw-unit MSE per token (all, and over the ``special`` and the
+    other, ordinary, tokens apart), explained variance, L0, dead latents (firing on no held-out token)."""
     sae.eval()
-    sq_err, l0, fired = 0.0, 0.0, None
+    errors, l0, fired = [], 0.0, None
     for start in range(0, len(x), chunk):
         xc = x[start : start + chunk]
         f = sae.encode(xc)
-        sq_err += float((sae.decode(f) - xc).pow(2).sum())
+        errors.append((sae.decode(f) - xc).pow(2).sum(-1).double())
         active = f != 0
         l0 += float(active.sum())
         fired = active.any(0) if fired is None else fired | active.any(0)
-    mse = sq_err / len(x)
+    error = torch.cat(errors)
+    mse = float(error.mean())
     variance = float((x - x.mean(0)).pow(2).sum(-1).mean())
-    return {
+    out = {
         "mse": mse,
         "explained_variance": 1 - mse / variance,
         "l0": l0 / len(x),
         "dead": int((~fired).sum()),
     }
+    if special is not None:
+        for name, selected in (("special", special), ("ordinary", ~special)):
+            if selected.any():
+                part = x[selected].double()
+                out[f"mse_{name}"] = float(error[selected].mean())
+                out[f"explained_variance_{name}"] = 1 - float(error[selected].sum()) / float(
+                    (part - part.mean(0)).pow(2).sum()
+                )
+    return out
 
 
 def timed_fit(data: torch.utils.data.DataLoader, fit: Callable[[], Any]) -> tuple[dict[str, float], Any]:
@@ -212,13 +272,15 @@ def timed_fit(data: torch.utils.data.DataLoader, fit: Callable[[], Any]) -> tupl
     return {"wall_s": wall, "step_s": statistics.median(steps) if steps else float("nan")}, trained
 
 
-def fit_ours(args, arch, data, steps, seed, callbacks=None) -> tuple[dict[str, float], Any]:
+def fit_ours(
+    args, arch, data, steps, seed, callbacks=None, variant="default"
+) -> tuple[dict[str, float], Any]:
     import lightning as L
 
     from lightning_llm.trainer import quiet_trainer
 
     L.seed_everything(seed, verbose=False)
-    module = ours_module(args, arch, data.dataset.tokens.shape[1], seed)
+    module = ours_module(args, arch, data.dataset.tokens.shape[1], seed, variant)
     t = quiet_trainer(steps, callbacks=callbacks or [], gradient_clip_val=1.0)  # SAELens clips at 1.0 too
     timing, _ = timed_fit(data, lambda: t.fit(module, train_dataloaders=data))
     if t.global_step != steps:
@@ -298,16 +360,23 @@ def _run_arch(args: argparse.Namespace, arch: str, tokens: dict[str, torch.Tenso
         "ours": lambda seed, init: fit_ours(args, arch, data, args.steps, seed),
         "saelens": lambda seed, init: fit_saelens(args, arch, data, init, args.steps, seed),
     }
+    for variant in args.ours_variants if arch == "topk" else ():
+        if variant != "default":
+            fits[f"ours_{variant}"] = lambda seed, init, v=variant: fit_ours(
+                args, arch, data, args.steps, seed, variant=v
+            )
     warm = init_state(args, arch, first, args.seed)
     fit_ours(args, arch, data, args.warmup, args.seed)
     fit_saelens(args, arch, data, warm, args.warmup, args.seed)
     out: dict[str, dict[str, list[float]]] = {n: {} for n in fits}
+    names = list(fits)
     for rep in range(args.reps):
         seed = args.seed + rep
         init = init_state(args, arch, first, seed)
-        for name in fits if rep % 2 == 0 else list(fits)[::-1]:
+        order = names[rep % len(names) :] + names[: rep % len(names)]  # each side leads in turn
+        for name in order if rep % 2 == 0 else order[::-1]:
             timing, sae = fits[name](seed, init)
-            metrics = evaluate(sae, heldout)
+            metrics = evaluate(sae, heldout, tokens.get("heldout_special"))
             values = {"tokens_per_s": args.steps * args.batch_size / timing["wall_s"], **metrics}
             values["steady_tokens_per_s"] = args.batch_size / timing["step_s"]
             for key, value in values.items():
@@ -319,6 +388,14 @@ def _run_arch(args: argparse.Namespace, arch: str, tokens: dict[str, torch.Tenso
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, warmup=10)
     p.add_argument("--model", default="tiny", help="backbone whose activations are harvested")
+    p.add_argument(
+        "--data", choices=["arithmetic", "chat"], default="arithmetic",
+        help="arithmetic dialogues (ActivationDataModule) or the shipped multi-turn chat corpus",
+    )  # fmt: skip
+    p.add_argument(
+        "--ours-variants", nargs="+", choices=list(VARIANTS), default=["default"],
+        help="topk: our module also under these conventions (rescale, aux_relu), each against SAELens",
+    )  # fmt: skip
     p.add_argument("--archs", nargs="+", choices=list(ARCHS), default=list(ARCHS))
     p.add_argument("--layer", type=int, default=1, help="0-based decoder block whose output is read")
     p.add_argument("--expansion", type=int, default=8, help="d_sae = expansion * d_in")
@@ -329,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=1024, help="tokens per optimiser step")
     p.add_argument("--steps", type=int, default=200, help="optimiser steps per fit")
     p.add_argument("--lr", type=float, default=4e-4, help="constant Adam learning rate")
-    p.add_argument("--heldout-dialogues", type=int, default=600)
+    p.add_argument(
+        "--heldout-dialogues", type=int, default=600, help="held-out dialogues (chat: corpus's last)"
+    )
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -353,17 +432,25 @@ def main(argv: list[str] | None = None) -> int:
             f"d_sae={args.expansion * d_in}, batch {args.batch_size} tokens, {args.steps} steps, {args.model}, fp32, "
             f"cpu, {args.threads} thread(s)"
         )
-        ours, theirs = r["values"]["ours"], r["values"]["saelens"]
-        for metric, key, better in (
+        theirs = r["values"]["saelens"]
+        metrics = [
             ("training tokens/s, whole fit call (ours incl. Lightning startup)", "tokens_per_s", "higher"),
             ("training tokens/s, steady state (median step interval)", "steady_tokens_per_s", "higher"),
             (f"held-out MSE per token, raw units, after training ({args.reps} seeds)", "mse", "lower"),
-        ):
-            label, peer = (
-                f"SparseAutoencoderModule ({arch}, Lightning Trainer)",
-                f"SAELens {ARCHS[arch]} (SAETrainer)",
-            )
-            summary.append(row(NAME, f"{metric} ({unit})", label, peer, ours[key], theirs[key], better))
+        ]
+        if "mse_special" in theirs:
+            metrics += [
+                (f"held-out MSE per {kind} token, raw units ({args.reps} seeds)", f"mse_{kind}", "lower")
+                for kind in ("special", "ordinary")
+            ]
+        for side, ours in r["values"].items():
+            if side == "saelens":
+                continue
+            variant = side.removeprefix("ours").lstrip("_") or "default"
+            label = f"SparseAutoencoderModule ({arch}, Lightning Trainer{'' if side == 'ours' else ', ' + variant})"
+            for metric, key, better in metrics:
+                peer = f"SAELens {ARCHS[arch]} (SAETrainer)"
+                summary.append(row(NAME, f"{metric} ({unit})", label, peer, ours[key], theirs[key], better))
     checks = {arch: r["checks"] for arch, r in per_arch.items()}
     keys = ("initial_sae_equal", "batches_identical", "input_scale_equal", "init_equal")
     config = {**vars(args), "no_write": None, "d_in": d_in, "train_digest": digest(tokens["train"])}

@@ -18,6 +18,12 @@ same at every model width). The activation :math:`\sigma` is the architecture's:
   bandwidth :math:`\varepsilon` (:func:`lightning_llm.kernels.jumprelu`).
 * ``"topk"`` (Gao et al. 2024): :math:`\sigma = \mathrm{TopK}_k \circ \mathrm{ReLU}`.
 
+``rescale_acts_by_decoder_norm`` (``"topk"`` only; SAELens's TopK training convention): the pre-activations are
+multiplied by the decoder row norms before the top-k, :math:`z_i \lVert d_i\rVert`, and the activations divided by
+them before decoding, so the SAE computes what the one with unit rows :math:`d_i / \lVert d_i\rVert` would: the
+active set is chosen as with normalised rows while the rows themselves are left free (no renormalisation, see
+:class:`lightning_llm.modules.SparseAutoencoderModule`). With unit rows it changes nothing.
+
 The TopK encoder and its decoder run through the SAE ops of :mod:`lightning_llm.kernels`: only the :math:`k`
 active latents are decoded (``sparse_decode``, Triton on CUDA) and the encoder's backward is sparse too. The
 training objective and loop are :class:`lightning_llm.modules.SparseAutoencoderModule`'s.
@@ -90,6 +96,8 @@ class SparseAutoencoder(nn.Module):
         jumprelu_threshold: initial threshold :math:`\theta_0` (``"jumprelu"``; stored as ``log θ``).
         jumprelu_bandwidth: straight-through bandwidth :math:`\varepsilon` (``"jumprelu"``).
         seed: seed of the initial decoder directions (``W_enc`` starts as ``W_dec``).
+        rescale_acts_by_decoder_norm: ``"topk"`` only: select and decode as if the decoder rows were unit norm
+            (module docstring); the activations returned by :meth:`encode` are the rescaled ones.
     """
 
     def __init__(
@@ -102,6 +110,7 @@ class SparseAutoencoder(nn.Module):
         jumprelu_threshold: float = 0.001,
         jumprelu_bandwidth: float = 0.001,
         seed: int = 0,
+        rescale_acts_by_decoder_norm: bool = False,
     ) -> None:
         super().__init__()
         if architecture not in ARCHITECTURES:
@@ -112,6 +121,11 @@ class SparseAutoencoder(nn.Module):
             raise ValueError(f"k must be in [1, d_sae={d_sae}], got {k}")
         if jumprelu_threshold <= 0 or jumprelu_bandwidth <= 0:
             raise ValueError("jumprelu_threshold and jumprelu_bandwidth must be positive")
+        if rescale_acts_by_decoder_norm and architecture != "topk":
+            raise ValueError(
+                f"rescale_acts_by_decoder_norm applies to architecture='topk' only, got {architecture!r}"
+            )
+        self.rescale_acts_by_decoder_norm = bool(rescale_acts_by_decoder_norm)
         self.d_in, self.d_sae, self.architecture, self.k = d_in, d_sae, architecture, k
         self.bandwidth = float(jumprelu_bandwidth)
         generator = torch.Generator().manual_seed(seed)
@@ -145,7 +159,11 @@ class SparseAutoencoder(nn.Module):
         """
         if self.architecture == "topk":
             flat = x_scaled.reshape(-1, self.d_in) - self.b_dec
-            values, indices = topk_encode(flat, self.W_enc, self.b_enc, self.k)
+            weight, bias = self.W_enc, self.b_enc
+            if self.rescale_acts_by_decoder_norm:  # z_i ||d_i|| = (||d_i|| w_i) x + ||d_i|| b_i
+                norms = self.W_dec.norm(dim=1)
+                weight, bias = weight * norms[:, None], bias * norms
+            values, indices = topk_encode(flat, weight, bias, self.k)
             return (
                 values.reshape(*x_scaled.shape[:-1], self.k),
                 indices.reshape(*x_scaled.shape[:-1], self.k),
@@ -158,7 +176,12 @@ class SparseAutoencoder(nn.Module):
         return acts, None, l0
 
     def decode_scaled(self, acts: Tensor, indices: Tensor | None = None) -> Tensor:
-        """:math:`W_{dec}^\\top f + b_{dec}`; sparse (only the given latents) when ``indices`` is given."""
+        """:math:`W_{dec}^\\top f + b_{dec}`; sparse (only the given latents) when ``indices`` is given.
+
+        With ``rescale_acts_by_decoder_norm`` the activations are first divided by their rows' norms."""
+        if self.rescale_acts_by_decoder_norm:
+            norms = self.W_dec.norm(dim=1)
+            acts = acts / (norms if indices is None else norms[indices])
         if indices is None:
             return acts @ self.W_dec + self.b_dec
         flat = sparse_decode(
@@ -254,6 +277,7 @@ class SparseAutoencoder(nn.Module):
             "architecture": self.architecture,
             "k": self.k,
             "jumprelu_bandwidth": self.bandwidth,
+            "rescale_acts_by_decoder_norm": self.rescale_acts_by_decoder_norm,
         }
 
     def save_pretrained(self, directory: str | Path) -> Path:

@@ -1,6 +1,7 @@
 """Shared DataModules: chat SFT and RL prompts, from synthetic tasks (``tasks``) or real data (``sources``)."""
 
 from lightning_llm.datamodules.activations import ActivationDataModule
+from lightning_llm.datamodules.chat_corpus import load_chat_corpus, make_chat_corpus
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
 from lightning_llm.datamodules.forecasting import ForecastingDataModule
 from lightning_llm.datamodules.needle import NeedleDataModule
@@ -51,7 +52,9 @@ __all__ = [
     "extract_answer",
     "get_task",
     "honeypot_pairs",
+    "load_chat_corpus",
     "load_records",
+    "make_chat_corpus",
     "register_task",
     "split_train_val",
 ]

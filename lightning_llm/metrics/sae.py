@@ -116,8 +116,14 @@ class SequenceMSE(Metric):
     summed over ``d_in`` (not averaged). Sequences without a selected token are skipped; :meth:`compute` is
     NaN when no sequence had one (e.g. ``special_only`` and no special token at all).
 
+    Special and ordinary tokens are best reported apart: in an instruct model the chat-template tokens (the
+    attention-sink ``<|im_start|>`` at position 0 above all) have norms far above the rest, so a pooled figure
+    mostly measures them (on SmolLM2 a pooled explained variance of 0.99 was 0.73 on ordinary tokens).
+
     Args:
         special_only: Average over each sequence's special tokens only (FAST's MSE on special tokens).
+        ordinary_only: Average over each sequence's ordinary (non-special) tokens only; needs ``special_mask``
+            too. At most one of ``special_only`` and ``ordinary_only``.
         log2: Report :math:`\log_2` of the mean (FAST's tables); the mean itself is accumulated.
     """
 
@@ -125,9 +131,13 @@ class SequenceMSE(Metric):
     higher_is_better = False
     is_differentiable = False
 
-    def __init__(self, special_only: bool = False, log2: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, special_only: bool = False, log2: bool = False, *, ordinary_only: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
-        self.special_only, self.log2 = special_only, log2
+        if special_only and ordinary_only:
+            raise ValueError("special_only and ordinary_only exclude each other; pick one (or neither: all)")
+        self.special_only, self.ordinary_only, self.log2 = special_only, ordinary_only, log2
         self.add_state("mse_sum", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("sequences", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
@@ -138,14 +148,17 @@ class SequenceMSE(Metric):
                 f"expected x [b, T, d_in] and mask [b, T], got {tuple(x.shape)}, {tuple(mask.shape)}"
             )
         selected = mask.to(device=x.device, dtype=torch.bool)
-        if self.special_only:
+        if self.special_only or self.ordinary_only:
             if special_mask is None:
-                raise ValueError("special_only=True needs special_mask")
+                raise ValueError(
+                    f"{'special' if self.special_only else 'ordinary'}_only=True needs special_mask"
+                )
             if special_mask.shape != mask.shape:
                 raise ValueError(
                     f"special_mask {tuple(special_mask.shape)} differs from mask {tuple(mask.shape)}"
                 )
-            selected = selected & special_mask.to(device=x.device, dtype=torch.bool)
+            special = special_mask.to(device=x.device, dtype=torch.bool)
+            selected = selected & (special if self.special_only else ~special)
         error = (x.detach().double() - x_hat.detach().double()).square().sum(-1)  # [b, T]
         counts = selected.sum(-1)
         summed = torch.where(selected, error, torch.zeros_like(error)).sum(-1)

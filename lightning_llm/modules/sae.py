@@ -13,14 +13,20 @@ with the sparsity term of the architecture:
 * ``"jumprelu"``: :math:`\mathcal{S} = \sum_i H(z_i - \theta_i)` (L0, straight-through); FAST's
   :math:`\lambda = 0.01`, :math:`\varepsilon = 0.001`, :math:`\theta_0 = 0.001`.
 * ``"topk"``: no sparsity term, plus the AuxK loss :math:`\alpha_{aux}\lVert e - \hat e\rVert^2` where
-  :math:`e = c x - c\hat x` (detached) and :math:`\hat e` is the decoding of the top-:math:`k_{aux}` *dead*
-  latents (:math:`k_{aux} = d/2`, :math:`\alpha_{aux} = 1/32`, scaled down by :math:`\min(1, n_{dead}/k_{aux})` as
-  in SAELens).
+  :math:`e = c x - c\hat x` (detached) and :math:`\hat e = \sum_{i \in A} z_i d_i` (no bias) decodes the
+  top-:math:`k_{aux}` *dead* latents :math:`A` by pre-activation :math:`z` (:math:`k_{aux} = d/2`,
+  :math:`\alpha_{aux} = 1/32`, scaled down by :math:`\min(1, n_{dead}/k_{aux})` as in SAELens). By default the
+  pre-activations enter as they are, negative ones included (SAELens's convention, ``aux_relu=False``);
+  ``aux_relu=True`` applies a ReLU before the top-k, which zeroes the loss and its gradient whenever the dead
+  latents' pre-activations are all negative -- the usual state of a dead latent -- so they get no revival
+  signal.
 
 :math:`\lambda_t` ramps linearly from 0 over ``sparsity_warmup_steps`` (the sparsity-coefficient warm-up).
 :math:`b_{dec}` starts at the geometric median of a sample of (scaled) activations
 (:func:`~lightning_llm.sae.geometric_median`); decoder rows are renormalised after every optimiser step, and the
-gradient component parallel to each row is removed before it, so the step is taken on the sphere. Optimiser: Adam
+gradient component parallel to each row is removed before it, so the step is taken on the sphere (with
+``rescale_acts_by_decoder_norm``, SAELens's TopK convention, the rows are left free instead and the SAE rescales
+by their norms; see :mod:`lightning_llm.sae`). Optimiser: Adam
 with linear warm-up and cosine decay, FAST's 7e-5 → 7e-6 (``lr``, ``min_lr_ratio=0.1``).
 """
 
@@ -53,10 +59,15 @@ class SparseAutoencoderModule(L.LightningModule):
 
     Validation takes the DataModule's per-dialogue batches (``activations [b, T, d]``, ``attention_mask``,
     ``special_mask``, ``input_ids``) and logs ``val/mse`` (per-sequence MSE, FAST's), ``val/mse_special`` (special
-    tokens only) and their ``log2`` versions, ``val/explained_variance``, ``val/l0``, and, when the DataModule
+    tokens only), ``val/mse_ordinary`` (the other real tokens) and their ``log2`` versions,
+    ``val/explained_variance`` with its ``_special`` and ``_ordinary`` parts, ``val/l0``, and, when the DataModule
     exposes its frozen ``backbone`` and ``layer``, ``val/delta_loss`` (relative change of the LM loss with the
-    reconstruction spliced in) and ``val/ce_recovered``. Training logs the loss terms, ``train/l0`` and
-    ``train/dead_fraction`` (latents silent for the last ``dead_window_tokens`` tokens).
+    reconstruction spliced in) and ``val/ce_recovered``. Special tokens are the DataModule's ``special_mask``
+    (the tokenizer's special ids: ``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>``...); they are reported
+    apart from ordinary tokens because their norms are far larger and dominate any pooled figure. Training logs
+    the loss terms, ``train/mse_special`` and ``train/mse_ordinary`` (per-token squared error in the scaled space,
+    when the batch has a ``special_mask``), ``train/l0`` and ``train/dead_fraction`` (latents silent for the last
+    ``dead_window_tokens`` tokens).
 
     Args:
         d_in: activation width; ``None`` takes ``datamodule.d_in`` at setup (recorded in the hyperparameters, so
@@ -69,6 +80,14 @@ class SparseAutoencoderModule(L.LightningModule):
         jumprelu_threshold: :math:`\theta_0` (FAST: 0.001).
         jumprelu_bandwidth: :math:`\varepsilon` (FAST: 0.001).
         aux_coefficient: :math:`\alpha_{aux}` of ``"topk"`` (1/32).
+        aux_relu: ReLU the dead latents' pre-activations before AuxK's top-k. Default False, SAELens's
+            convention: with all-negative dead pre-activations (the usual case) the ReLU makes AuxK zero and
+            gives dead latents no gradient toward the residual; without it the least negative ones are pushed
+            to explain the residual. True is this library's earlier behaviour.
+        rescale_acts_by_decoder_norm: ``"topk"`` only: SAELens's TopK training convention -- decoder rows are
+            not renormalised (nor their gradients projected) and the SAE selects and decodes through
+            :math:`z_i\lVert d_i\rVert` (:class:`~lightning_llm.sae.SparseAutoencoder`). Default False: unit
+            rows, renormalised after every step.
         dead_window_tokens: a latent that has not fired for this many training tokens is dead (AuxK, logging).
         lr: Adam peak learning rate (FAST: 7e-5).
         min_lr_ratio: cosine floor as a fraction of ``lr`` (FAST: 7e-6 / 7e-5 = 0.1).
@@ -93,6 +112,8 @@ class SparseAutoencoderModule(L.LightningModule):
         jumprelu_threshold: float = 0.001,
         jumprelu_bandwidth: float = 0.001,
         aux_coefficient: float = 1 / 32,
+        aux_relu: bool = False,
+        rescale_acts_by_decoder_norm: bool = False,
         dead_window_tokens: int = 1_000_000,
         lr: float = 7e-5,
         min_lr_ratio: float = 0.1,
@@ -122,6 +143,10 @@ class SparseAutoencoderModule(L.LightningModule):
         ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if rescale_acts_by_decoder_norm and architecture != "topk":
+            raise ValueError(
+                f"rescale_acts_by_decoder_norm applies to architecture='topk' only, got {architecture!r}"
+            )
         if dead_window_tokens < 1 or init_sample_tokens < 1:
             raise ValueError("dead_window_tokens and init_sample_tokens must be >= 1")
         self.save_hyperparameters()
@@ -139,6 +164,7 @@ class SparseAutoencoderModule(L.LightningModule):
             jumprelu_threshold=hp.jumprelu_threshold,
             jumprelu_bandwidth=hp.jumprelu_bandwidth,
             seed=hp.seed,
+            rescale_acts_by_decoder_norm=hp.rescale_acts_by_decoder_norm,
         )
         # Training tokens since each latent last fired; a checkpointed buffer, so dead-latent state resumes.
         self.register_buffer("tokens_since_fired", torch.zeros(self.sae.d_sae, dtype=torch.long))
@@ -198,17 +224,22 @@ class SparseAutoencoderModule(L.LightningModule):
             base *= min(1.0, (self.global_step + 1) / hp.sparsity_warmup_steps)
         return base
 
-    def losses(self, x: Tensor, *, with_l0: bool = True) -> dict[str, Tensor]:
+    def losses(
+        self, x: Tensor, *, with_l0: bool = True, special_mask: Tensor | None = None
+    ) -> dict[str, Tensor]:
         """Loss terms for raw activations ``x [N, d_in]`` (see the module docstring); ``loss`` is their sum.
 
         Also ``l0`` (active latents per token, detached) unless ``with_l0=False``, and updates the dead-latent
-        counters from which latents fired in this batch.
+        counters from which latents fired in this batch. With ``special_mask [N]`` (bool), also the detached
+        ``mse_special`` and ``mse_ordinary`` (mean per-token squared error of each kind, NaN for a kind absent
+        from the batch); they are not part of ``loss``.
         """
         sae, hp = self.sae, self.hparams
         x_scaled = x.to(sae.W_dec.dtype) * sae.input_scale
         acts, indices, l0 = sae.encode_scaled(x_scaled)
         recon = sae.decode_scaled(acts, indices)
-        out: dict[str, Tensor] = {"mse": (recon - x_scaled).pow(2).sum(-1).mean()}
+        token_error = (recon - x_scaled).pow(2).sum(-1)
+        out: dict[str, Tensor] = {"mse": token_error.mean()}
         if hp.architecture == "relu":
             out["sparsity"] = self.sparsity_coefficient() * (acts * sae.W_dec.norm(dim=1)).sum(-1).mean()
         elif hp.architecture == "jumprelu":
@@ -216,6 +247,12 @@ class SparseAutoencoderModule(L.LightningModule):
         else:
             out["aux"] = self._aux_loss(x_scaled, recon, hp.aux_coefficient)
         out["loss"] = sum(out.values())
+        if special_mask is not None:
+            with torch.no_grad():
+                special = special_mask.reshape(-1).to(device=token_error.device, dtype=torch.bool)
+                error = token_error.detach()
+                out["mse_special"] = error[special].mean()
+                out["mse_ordinary"] = error[~special].mean()
         with torch.no_grad():
             if indices is None:  # dense activations, all >= 0
                 fired = acts.amax(0) > 0
@@ -230,7 +267,11 @@ class SparseAutoencoderModule(L.LightningModule):
         return out
 
     def _aux_loss(self, x_scaled: Tensor, recon: Tensor, coefficient: float) -> Tensor:
-        """AuxK: the top-``d/2`` dead latents reconstruct the (detached) residual; zero without dead latents."""
+        """AuxK: the top-``d/2`` dead latents reconstruct the (detached) residual; zero without dead latents.
+
+        Top-k over the dead latents' raw pre-activations (``aux_relu=False``) or their ReLU (``True``); with
+        ``rescale_acts_by_decoder_norm`` over :math:`z_i\lVert d_i\rVert`, decoded divided by the norms, as
+        SAELens does."""
         dead = (self.tokens_since_fired >= self.hparams.dead_window_tokens).nonzero().squeeze(1)
         if coefficient == 0 or dead.numel() == 0:
             return recon.new_zeros(())
@@ -238,7 +279,17 @@ class SparseAutoencoderModule(L.LightningModule):
         k_aux = min(sae.d_in // 2 or 1, dead.numel())
         scale = min(dead.numel() / max(1, sae.d_in // 2), 1.0)
         residual = (x_scaled - recon).detach()
-        values, positions = topk_encode(x_scaled - sae.b_dec, sae.W_enc[dead], sae.b_enc[dead], k_aux)
+        weight, bias = sae.W_enc[dead], sae.b_enc[dead]
+        if sae.rescale_acts_by_decoder_norm:
+            norms = sae.W_dec[dead].norm(dim=1)
+            weight, bias = weight * norms[:, None], bias * norms
+        if self.hparams.aux_relu:
+            values, positions = topk_encode(x_scaled - sae.b_dec, weight, bias, k_aux)
+        else:
+            pre = nn.functional.linear(x_scaled - sae.b_dec, weight, bias)
+            values, positions = pre.topk(k_aux, dim=-1, sorted=False)
+        if sae.rescale_acts_by_decoder_norm:
+            values = values / norms[positions]
         aux_recon = sparse_decode(values, dead[positions], sae.W_dec)
         return coefficient * scale * (aux_recon - residual).pow(2).sum(-1).mean()
 
@@ -256,12 +307,15 @@ class SparseAutoencoderModule(L.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         x = _activations(batch).reshape(-1, self.sae.d_in)
         log = self._log_this_step()
-        out = self.losses(x, with_l0=log)
+        special = batch.get("special_mask") if log and isinstance(batch, dict) else None
+        out = self.losses(x, with_l0=log, special_mask=special)
         if (
             log
         ):  # self.log costs ~0.3 ms a call, a tenth of a small SAE's step; loggers only write these steps
             batch_size = x.shape[0]
             for name, value in out.items():
+                if name in ("mse_special", "mse_ordinary") and not torch.isfinite(value):
+                    continue  # no token of that kind in this batch
                 self.log(f"train/{name}", value.detach(), batch_size=batch_size, prog_bar=name == "loss")
             dead = (self.tokens_since_fired >= self.hparams.dead_window_tokens).float().mean()
             self.log("train/dead_fraction", dead, batch_size=batch_size)
@@ -277,11 +331,13 @@ class SparseAutoencoderModule(L.LightningModule):
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.sae.remove_parallel_gradient()
+        if not self.sae.rescale_acts_by_decoder_norm:  # SAELens's TopK convention leaves the rows free
+            self.sae.remove_parallel_gradient()
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.sae.normalize_decoder()
+        if not self.sae.rescale_acts_by_decoder_norm:
+            self.sae.normalize_decoder()
 
     # ------------------------------------------------------------------------------ validation
 
@@ -342,33 +398,43 @@ class SparseAutoencoderModule(L.LightningModule):
 
 
 class _ValidationMetrics(nn.Module):
-    """FAST's evaluation: per-sequence MSE (all tokens, special tokens), explained variance, L0, Delta Loss."""
+    """FAST's evaluation: per-sequence MSE and explained variance, each over all, special and ordinary tokens;
+    L0, Delta Loss."""
 
     def __init__(self) -> None:
         super().__init__()
         self.mse = SequenceMSE()
         self.mse_special = SequenceMSE(special_only=True)
+        self.mse_ordinary = SequenceMSE(ordinary_only=True)
         self.explained_variance = ExplainedVariance()
+        self.explained_variance_special = ExplainedVariance()
+        self.explained_variance_ordinary = ExplainedVariance()
         self.l0 = MeanL0()
         self.delta = DeltaLoss(layer=0)  # the layer is the DataModule's, set before each update
 
     def update(self, x: Tensor, x_hat: Tensor, f: Tensor, mask: Tensor, special: Tensor | None) -> None:
         self.mse.update(x, x_hat, mask)
+        self.explained_variance.update(x, x_hat, mask)
         if special is not None:
             self.mse_special.update(x, x_hat, mask, special)
-        self.explained_variance.update(x, x_hat, mask)
+            self.mse_ordinary.update(x, x_hat, mask, special)
+            special = special.to(device=mask.device, dtype=torch.bool)
+            self.explained_variance_special.update(x, x_hat, mask & special)
+            self.explained_variance_ordinary.update(x, x_hat, mask & ~special)
         self.l0.update(f, mask)
 
     def compute(self) -> dict[str, Tensor]:
         """The metrics that saw data this epoch (``log2_*`` are FAST's reporting scale)."""
         out: dict[str, Tensor] = {}
-        for name in ("mse", "mse_special"):
+        for name in ("mse", "mse_special", "mse_ordinary"):
             metric = getattr(self, name)
             if metric.update_count:
                 out[name] = metric.compute()
                 out[f"log2_{name}"] = torch.log2(out[name])
+        for name in ("explained_variance", "explained_variance_special", "explained_variance_ordinary"):
+            if getattr(self, name).update_count:
+                out[name] = getattr(self, name).compute()
         if self.l0.update_count:
-            out["explained_variance"] = self.explained_variance.compute()
             out["l0"] = self.l0.compute()
         if self.delta.update_count:
             delta = self.delta.compute()
@@ -376,7 +442,16 @@ class _ValidationMetrics(nn.Module):
         return out
 
     def reset(self) -> None:
-        for metric in (self.mse, self.mse_special, self.explained_variance, self.l0, self.delta):
+        for metric in (
+            self.mse,
+            self.mse_special,
+            self.mse_ordinary,
+            self.explained_variance,
+            self.explained_variance_special,
+            self.explained_variance_ordinary,
+            self.l0,
+            self.delta,
+        ):
             metric.reset()
 
 

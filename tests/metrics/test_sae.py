@@ -81,9 +81,20 @@ def test_sequence_mse_matches_hand_computation():
     assert float(special_metric.compute()) == pytest.approx(math.log2(expected), rel=1e-6)
 
 
+def test_ordinary_only_sequence_mse_is_the_complement_of_special_only():
+    x, x_hat, mask, special = _data()
+    metric = SequenceMSE(ordinary_only=True)
+    metric.update(x, x_hat, mask, special)
+    assert float(metric.compute()) == pytest.approx(_hand_sequence_mse(x, x_hat, mask & ~special), rel=1e-6)
+    with pytest.raises(ValueError, match="special_mask"):
+        metric.update(x, x_hat, mask)
+    with pytest.raises(ValueError, match="exclude each other"):
+        SequenceMSE(special_only=True, ordinary_only=True)
+
+
 def test_sequence_mse_accumulates_like_one_batch():
     x, x_hat, mask, special = _data(1)
-    for kwargs in ({}, {"special_only": True}):
+    for kwargs in ({}, {"special_only": True}, {"ordinary_only": True}):
         whole, parts = SequenceMSE(**kwargs), SequenceMSE(**kwargs)
         whole.update(x, x_hat, mask, special)
         parts.update(x[:1], x_hat[:1], mask[:1], special[:1])

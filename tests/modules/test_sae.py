@@ -38,10 +38,14 @@ def _reference(
         f = torch.relu(z)
         sparsity = coefficient * (f * sae.W_dec.norm(dim=1)).sum(-1).mean()
     elif sae.architecture == "topk":
+        if sae.rescale_acts_by_decoder_norm:  # SAELens: hidden_pre * ||W_dec||, decoded divided by it
+            z = z * sae.W_dec.norm(dim=1)
         r = torch.relu(z)
         keep = torch.zeros_like(r, dtype=torch.bool).scatter(-1, r.topk(sae.k, dim=-1).indices, True)
         f = r * keep
         sparsity = z.new_zeros(())
+        if sae.rescale_acts_by_decoder_norm:
+            f = f / sae.W_dec.norm(dim=1)
     else:
         theta = sae.log_threshold.exp()
         f = z * (z > theta)
@@ -193,3 +197,147 @@ def test_checkpoint_resume_is_exact(tmp_path, quiet_trainer):
         torch.testing.assert_close(a, b, msg=name)
     state = torch.load(ckpt, weights_only=True)
     assert state["hyper_parameters"]["d_in"] == D_IN
+
+
+def test_special_and_ordinary_tokens_are_scored_and_logged_apart(quiet_trainer):
+    """Validation logs MSE and explained variance over special and ordinary tokens separately (each equal to
+    the pooled metric restricted to its tokens), and training logs the two per-token MSEs."""
+    torch.manual_seed(0)
+    module = SparseAutoencoderModule(
+        D_IN, expansion=4, architecture="topk", k=4, lr=3e-3, compute_delta_loss=False
+    )
+    x = torch.randn(4, 6, D_IN)
+    special = torch.zeros(4, 6, dtype=torch.bool)
+    special[:, 0] = True  # an attention-sink-like first token with a far larger norm
+    x[:, 0] *= 30
+    mask = torch.ones(4, 6, dtype=torch.long)
+    mask[3, 4:] = 0
+    batch = {"activations": x, "attention_mask": mask, "special_mask": special}
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=1.0)
+    logged = trainer.validate(module, StatefulDataLoader([batch], batch_size=None), verbose=False)[0]
+    with torch.no_grad():
+        x_hat = module.sae(x)
+    real = mask.bool()
+    for name, selected in (("special", real & special), ("ordinary", real & ~special)):
+        error = (x - x_hat).pow(2).sum(-1)
+        per_sequence = [float(error[b][selected[b]].mean()) for b in range(4)]
+        assert logged[f"val/mse_{name}"] == pytest.approx(sum(per_sequence) / 4, rel=1e-5)
+        rows, rows_hat = x[selected].double(), x_hat[selected].double()
+        ev = 1 - float((rows - rows_hat).pow(2).sum() / (rows - rows.mean(0)).pow(2).sum())
+        assert logged[f"val/explained_variance_{name}"] == pytest.approx(ev, rel=1e-5, abs=1e-6)
+    # the pooled figure is not the ordinary tokens' one (the large special tokens dominate it)
+    assert logged["val/explained_variance_ordinary"] < logged["val/explained_variance"]
+
+    flat = x[real]
+    out = module.losses(flat, special_mask=special[real])
+    scaled_error = (module.sae(flat) - flat).pow(2).sum(-1) * module.sae.input_scale**2
+    torch.testing.assert_close(out["mse_special"], scaled_error[special[real]].mean().detach())
+    torch.testing.assert_close(out["mse_ordinary"], scaled_error[~special[real]].mean().detach())
+    train = StatefulDataLoader(
+        [{"activations": flat[:16], "special_mask": special[real][:16]}], batch_size=None, shuffle=False
+    )
+    fit = quiet_trainer(max_steps=1, log_every_n_steps=1)
+    fit.fit(module, train)
+    assert {"train/mse_special", "train/mse_ordinary"} <= set(fit.logged_metrics)
+
+
+def _aux_reference(
+    sae: SparseAutoencoder, x: torch.Tensor, dead: torch.Tensor, *, relu: bool
+) -> torch.Tensor:
+    """AuxK written out as SAELens's ``calculate_topk_aux_loss`` (coefficient 1): top-k_aux of the dead latents'
+    pre-activations (negative ones allowed unless ``relu``), decoded without bias against the residual."""
+    xs = x * sae.input_scale
+    _, recon = _reference(sae, x, 0.0)
+    residual = (xs - recon * sae.input_scale).detach()
+    z = (xs - sae.b_dec) @ sae.W_enc.T + sae.b_enc
+    norms = sae.W_dec.norm(dim=1) if sae.rescale_acts_by_decoder_norm else torch.ones(sae.d_sae)
+    z = z * norms
+    if relu:
+        z = torch.relu(z)
+    n_dead = int(dead.sum())
+    k_aux = min(D_IN // 2, n_dead)
+    top = torch.where(dead[None], z, -torch.inf).topk(k_aux, dim=-1)
+    acts = torch.zeros_like(z).scatter(-1, top.indices, top.values)
+    e_hat = (acts / norms) @ sae.W_dec
+    return min(n_dead / (D_IN // 2), 1.0) * (e_hat - residual).pow(2).sum(-1).mean()
+
+
+def _module_with_dead(sae: SparseAutoencoder, dead: torch.Tensor, **kwargs) -> SparseAutoencoderModule:
+    module = SparseAutoencoderModule(
+        D_IN, expansion=D_SAE // D_IN, architecture="topk", k=sae.k, aux_coefficient=1.0,
+        dead_window_tokens=10, **kwargs,
+    )  # fmt: skip
+    module.sae = sae
+    module.tokens_since_fired.masked_fill_(dead, 10)
+    return module
+
+
+@pytest.mark.parametrize("rescale", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+def test_aux_loss_and_gradients_match_saelens_formula(relu, rescale):
+    sae = _sae("topk", rescale_acts_by_decoder_norm=rescale)
+    if rescale:
+        with torch.no_grad():
+            sae.W_dec.mul_(torch.rand(D_SAE, 1) + 0.5)
+    x = torch.randn(9, D_IN)
+    dead = torch.zeros(D_SAE, dtype=torch.bool)
+    dead[::3] = True  # 12 dead latents, k_aux = 6
+    module = _module_with_dead(sae, dead, aux_relu=relu, rescale_acts_by_decoder_norm=rescale)
+    out = module.losses(x)
+    expected = _aux_reference(sae, x, dead, relu=relu)
+    torch.testing.assert_close(out["aux"], expected, atol=1e-5, rtol=1e-5)
+    out["loss"].backward()
+    ours = {name: p.grad.clone() for name, p in sae.named_parameters()}
+    sae.zero_grad()
+    (_reference(sae, x, 0.0)[0] + _aux_reference(sae, x, dead, relu=relu)).backward()
+    for name, p in sae.named_parameters():
+        torch.testing.assert_close(ours[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_default_aux_loss_revives_dead_latents_with_negative_pre_activations():
+    """Dead latents whose pre-activations are all negative: the ReLU variant decodes zeros, so its AuxK is the
+    constant ||residual||^2 and gives them no gradient; the default (SAELens's) convention trains their encoder
+    and decoder rows toward the residual."""
+    sae = _sae("topk")
+    dead = torch.zeros(D_SAE, dtype=torch.bool)
+    dead[:12] = True
+    with torch.no_grad():
+        sae.b_enc[dead] = -100.0  # every pre-activation of the dead latents is negative
+    x = torch.randn(9, D_IN)
+    relu_out = _module_with_dead(sae, dead, aux_relu=True).losses(x)
+    residual = (x - sae(x)) * sae.input_scale
+    torch.testing.assert_close(relu_out["aux"], residual.pow(2).sum(-1).mean().detach())
+    relu_out["aux"].backward()
+    assert all(p.grad is None or not p.grad.any() for p in sae.parameters())
+    out = _module_with_dead(sae, dead).losses(x)
+    assert float(out["aux"]) != float(relu_out["aux"])
+    out["aux"].backward()
+    trained = (sae.W_enc.grad[dead] != 0).any(1) & (sae.W_dec.grad[dead] != 0).any(1)
+    assert int(trained.sum()) >= D_IN // 2  # at least one token's k_aux = 6 dead latents get a signal
+    assert not sae.W_enc.grad[~dead].any()  # AuxK touches only dead latents' encoder rows
+
+
+def test_rescaled_sae_equals_the_unit_row_sae_it_folds_into(quiet_trainer):
+    """rescale_acts_by_decoder_norm: (W_enc, b_enc, W_dec) computes what the unit-row SAE
+    (||d|| W_enc, ||d|| b_enc, W_dec / ||d||) computes; training leaves the rows free."""
+    sae = _sae("topk", rescale_acts_by_decoder_norm=True)
+    with torch.no_grad():
+        sae.W_dec.mul_(torch.rand(D_SAE, 1) + 0.5)
+    norms = sae.W_dec.norm(dim=1).detach()
+    folded = SparseAutoencoder.from_weights(
+        sae.W_enc.detach() * norms[:, None], sae.b_enc.detach() * norms, sae.W_dec.detach() / norms[:, None],
+        sae.b_dec.detach(), "topk", k=sae.k, input_scale=float(sae.input_scale),
+    )  # fmt: skip
+    x = torch.randn(9, D_IN)
+    torch.testing.assert_close(sae(x), folded(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sae.decode(sae.encode(x)), folded(x), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="topk"):
+        SparseAutoencoder(D_IN, D_SAE, "relu", rescale_acts_by_decoder_norm=True)
+    with pytest.raises(ValueError, match="topk"):
+        SparseAutoencoderModule(D_IN, architecture="relu", rescale_acts_by_decoder_norm=True)
+    torch.manual_seed(0)
+    module = SparseAutoencoderModule(
+        D_IN, expansion=4, architecture="topk", k=4, lr=3e-3, rescale_acts_by_decoder_norm=True
+    )
+    quiet_trainer(max_steps=20).fit(module, _loader())
+    assert (module.sae.W_dec.norm(dim=1) - 1).abs().max() > 1e-3  # rows not renormalised
