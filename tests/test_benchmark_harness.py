@@ -107,6 +107,13 @@ def test_render_and_rewrite_readme(bench, tmp_path):
     )
     make_table.main(args)  # idempotent
     assert readme.read_text() == text
+    # A study's results file (no schema) is not a benchmark: skipped; a wrong schema still fails.
+    (tmp_path / "results" / "study.json").write_text(json.dumps({"study": "x", "runs": []}))
+    make_table.main(args)
+    assert readme.read_text() == text
+    (tmp_path / "results" / "old.json").write_text(json.dumps({"schema": 1, "summary": []}))
+    with pytest.raises(ValueError, match="old.json: schema must be"):
+        make_table.main(args)
 
 
 def test_missing_readme_or_markers_fails_without_writing(bench, tmp_path, capsys):
