@@ -360,13 +360,17 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, f
 
 def merge(paths: Sequence[Path]) -> dict[str, Any]:
     """One study from results files of the same settings run with different seeds (runs concatenated, summaries
-    recomputed, the first file's references kept, CPU and wall times added). Refuses files whose settings differ
-    in anything but the seeds, or that repeat a seed."""
+    recomputed, the first file's references kept, CPU and wall times added). A ``--partial`` file counts with the
+    seeds of the runs it holds and the times of those runs. Refuses files whose settings differ in anything but
+    the seeds, or that repeat a seed."""
     studies = [json.loads(Path(p).read_text()) for p in paths]
     if not studies:
         raise ValueError("merge needs at least one results file")
-    for study in studies:  # written before --thresholds existed: the curriculum's defaults
-        study["settings"].setdefault("thresholds", [0.3, 0.2])
+    for study in studies:
+        study["settings"].setdefault(
+            "thresholds", [0.3, 0.2]
+        )  # written before --thresholds existed: the default
+        study["settings"]["seeds"] = list(dict.fromkeys(r["seed"] for r in study["runs"]))
     first = {k: v for k, v in studies[0]["settings"].items() if k != "seeds"}
     for path, study in zip(paths, studies, strict=True):
         other = {k: v for k, v in study["settings"].items() if k != "seeds"}
@@ -379,15 +383,27 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
     runs = [r for study in studies for r in study["runs"]]
     summary = summarize(runs)
     references = next((s["references"] for s in studies if s.get("references")), None)
+
+    def total(study: dict[str, Any], key: str, parts: tuple[str, str]) -> float:
+        if key in study:
+            return study[key]
+        return sum(r[parts[0]] + r[parts[1]] for r in study["runs"])
+
     return {
-        **studies[0],
+        "study": "LT-Tuning vs Coconut vs CoT at equal optimiser steps (lightning_llm.studies.latent_thoughts)",
+        **{k: v for k, v in studies[0].items() if k not in ("settings", "runs")},
         "settings": {**studies[0]["settings"], "seeds": seeds},
+        "steps_per_arm": runs[0]["steps"] if runs else 0,
         "runs": runs,
         "summary_mean_over_seeds": summary["mean"],
         "summary_range_over_seeds": summary["range"],
         "references": references,
-        "total_cpu_seconds": round(sum(s["total_cpu_seconds"] for s in studies), 1),
-        "total_wall_seconds": round(sum(s["total_wall_seconds"] for s in studies), 1),
+        "total_cpu_seconds": round(
+            sum(total(s, "total_cpu_seconds", ("train_cpu_seconds", "eval_cpu_seconds")) for s in studies), 1
+        ),
+        "total_wall_seconds": round(
+            sum(total(s, "total_wall_seconds", ("train_seconds", "eval_seconds")) for s in studies), 1
+        ),
         "merged_from": [str(p) for p in paths],
     }
 

@@ -98,7 +98,7 @@ def test_smollm2_data_tokenizes_thinking_as_one_token(smollm2_dir):
 
 def _study_file(path, seeds, accuracies, **settings):
     runs = [
-        {"arm": "lt_tuning", "seed": s, "accuracy": a, "explicit_tokens": 10.0, "latent_steps": 0.0,
+        {"arm": "lt_tuning", "seed": s, "steps": 6, "accuracy": a, "explicit_tokens": 10.0, "latent_steps": 0.0,
          "latent_cosine": None, "latent_effective_rank": None}
         for s, a in zip(seeds, accuracies, strict=True)
     ]  # fmt: skip
@@ -127,6 +127,13 @@ def test_merge_combines_seeds_and_refuses_other_differences(tmp_path):
     c = _study_file(tmp_path / "c.json", [3], [0.5], thresholds=[0.9, 0.8])
     with pytest.raises(ValueError, match=r"differ .* \['thresholds'\]"):
         study.merge([a, c])
+    # A --partial file (settings and the runs so far) counts with the seeds and times of its runs.
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"settings": {"model": "tiny", "seeds": [5, 6]}, "runs": [
+        {**json.loads(a.read_text())["runs"][0], "seed": 5, "train_cpu_seconds": 3.0, "eval_cpu_seconds": 1.0,
+         "train_seconds": 6.0, "eval_seconds": 2.0}]}))  # fmt: skip
+    with_partial = study.merge([a, partial])
+    assert with_partial["settings"]["seeds"] == [0, 5] and with_partial["total_cpu_seconds"] == 14.0
     out = tmp_path / "merged.json"
     study.main(["--merge", str(a), str(b), "--out", str(out)])
     assert json.loads(out.read_text())["settings"]["seeds"] == [0, 1, 2]
