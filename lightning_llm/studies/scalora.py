@@ -323,9 +323,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def combine(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One result from runs of the study made in separate processes (e.g. one per seed) with equal settings.
+    """One result from runs of the study made in separate processes (e.g. one per seed or arm), equal settings.
 
-    Runs are ordered by seed, then arm; CPU and wall seconds are summed (the processes may have overlapped).
+    A part is a result file or a ``--partial`` file (settings and the runs finished so far). Runs are ordered by
+    seed, then arm. ``total_cpu_seconds`` is the sum over runs of their training and evaluation CPU seconds
+    (process start-up is not counted); wall time is not summed, since the processes overlapped. Host and
+    library details come from the first complete result file.
     """
     if not parts:
         raise ValueError("nothing to combine")
@@ -340,13 +343,16 @@ def combine(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(set(keys)) != len(keys):
         raise ValueError(f"a (seed, arm) run appears twice: {keys}")
     arms = [arm for arm in ARMS if any(r["arm"] == arm for r in runs)]
+    base = next((p for p in parts if "study" in p), None)
+    if base is None:
+        raise ValueError("at least one part must be a complete result file (host and library details)")
     return {
-        **parts[0],
-        "settings": {**parts[0]["settings"], "seeds": sorted({r["seed"] for r in runs}), "arms": arms},
+        **base,
+        "settings": {**base["settings"], "seeds": sorted({r["seed"] for r in runs}), "arms": arms},
         "runs": runs,
         "summary": summarise(runs, arms),
-        "total_cpu_seconds": round(sum(p["total_cpu_seconds"] for p in parts), 1),
-        "total_wall_seconds": round(sum(p["total_wall_seconds"] for p in parts), 1),
+        "total_cpu_seconds": round(sum(r["train_cpu_seconds"] + r["eval_cpu_seconds"] for r in runs), 1),
+        "total_wall_seconds": None,
         "processes": len(parts),
     }
 

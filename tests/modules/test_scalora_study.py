@@ -50,15 +50,14 @@ def test_combine_merges_processes_and_refuses_mismatches(tmp_path):
             "accuracy": 0.5,
             "update_rank": {"stable_rank_mean": 2.0, "numerical_rank_mean": 8.0},
             "train_cpu_seconds": 10.0,
+            "eval_cpu_seconds": 1.0,
         }
-        return {
-            "settings": study._settings(args),
-            "runs": [run],
-            "total_cpu_seconds": 10.0,
-            "total_wall_seconds": 20.0,
-        }
+        return {"settings": study._settings(args), "runs": [run]}  # a --partial file
 
-    merged = study.combine([part(1), part(0)])
+    with pytest.raises(ValueError, match="complete result file"):
+        study.combine([part(1), part(0)])
+    complete = {**part(1), "study": "scalora", "threads": 1}
+    merged = study.combine([part(0), complete])
     assert [r["seed"] for r in merged["runs"]] == [0, 1] and merged["settings"]["seeds"] == [0, 1]
     assert merged["summary"]["lora"]["final_val_loss"] == {
         "median": 1.5,
@@ -66,11 +65,12 @@ def test_combine_merges_processes_and_refuses_mismatches(tmp_path):
         "max": 2.0,
         "spread": 1.0,
     }
-    assert merged["total_cpu_seconds"] == 20.0
+    assert merged["total_cpu_seconds"] == 22.0 and merged["processes"] == 2
+    assert merged["study"] == "scalora" and merged["threads"] == 1
     with pytest.raises(ValueError, match="settings differ"):
-        study.combine([part(0), part(1, lr=2e-3)])
+        study.combine([complete, part(0, lr=2e-3)])
     with pytest.raises(ValueError, match="twice"):
-        study.combine([part(0), part(0)])
+        study.combine([complete, part(1)])
 
 
 def test_validation_loss_is_the_token_mean_over_the_held_out_set(tiny_backbone):
