@@ -241,7 +241,8 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 
 def summarise(runs: list[dict[str, Any]], arms: Sequence[str]) -> dict[str, Any]:
-    """Per arm: median, min, max and spread over seeds of the final validation loss, accuracy and ranks."""
+    """Per arm: median, min, max and spread over seeds of the final validation loss, accuracy and ranks, and for
+    the other arms the per-seed difference of the final validation loss from plain LoRA's."""
     summary = {}
     for arm in arms:
         rows = [r for r in runs if r["arm"] == arm]
@@ -255,6 +256,11 @@ def summarise(runs: list[dict[str, Any]], arms: Sequence[str]) -> dict[str, Any]
             "numerical_rank_mean": _spread([r["update_rank"]["numerical_rank_mean"] for r in rows]),
             "train_cpu_seconds": _spread([r["train_cpu_seconds"] for r in rows]),
         }
+        lora = {r["seed"]: r["final_val_loss"] for r in runs if r["arm"] == "lora"}
+        paired = [r["final_val_loss"] - lora[r["seed"]] for r in rows if r["seed"] in lora]
+        if arm != "lora" and paired:
+            # Same seed = same LoRA initialisation and data: the per-seed difference is the paired effect.
+            summary[arm]["final_val_loss_minus_lora"] = {"per_seed": paired, **_spread(paired)}
     return summary
 
 

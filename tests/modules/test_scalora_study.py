@@ -35,6 +35,9 @@ def test_study_writes_every_arm_and_refuses_to_overwrite(tmp_path, tiny_backbone
     assert runs["restart"]["restarts"] == 2 and runs["restart"]["update_rank"]["numerical_rank_max"] > 2
     assert sum(runs["scalora"]["scalora_rescales"].values()) > 0
     assert result["summary"]["lora"]["final_val_loss"]["median"] == runs["lora"]["final_val_loss"]
+    difference = runs["scalora"]["final_val_loss"] - runs["lora"]["final_val_loss"]
+    assert result["summary"]["scalora"]["final_val_loss_minus_lora"]["per_seed"] == [difference]
+    assert "final_val_loss_minus_lora" not in result["summary"]["lora"]
     assert len(json.loads(partial.read_text())["runs"]) == 3
     with pytest.raises(SystemExit, match="exists"):
         study.main(argv)
