@@ -21,7 +21,9 @@ the rank of the accumulated update ``ΔW = W_t − W_0`` of every adapted layer 
 ``UpdateRankMonitor`` log) and its numerical rank, the number of singular values above ``rank_tol · σ_max``.
 Plain LoRA's ``ΔW = s B A`` has rank at most ``r``.
 
-Run: ``python -m lightning_llm.studies.scalora --out benchmarks/results/scalora_smollm2.json``.
+Run: ``python -m lightning_llm.studies.scalora --out benchmarks/results/scalora_smollm2.json``. The committed
+file was made by six such processes in parallel, one per arm and seed (``--arms A --seeds S --out part.json``),
+merged with ``--combine part*.json --out benchmarks/results/scalora_smollm2.json``.
 """
 
 from __future__ import annotations
@@ -380,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--steps", type=int, default=80, help="optimizer steps per arm (one epoch)")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per arm (one epoch)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--digits", type=int, default=2)
     parser.add_argument("--ops", default="+-")
@@ -392,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup-ratio", type=float, default=0.05)
     parser.add_argument("--min-lr-ratio", type=float, default=0.1)
     parser.add_argument("--scalora-interval", type=int, default=1)
-    parser.add_argument("--restart-interval", type=int, default=20)
+    parser.add_argument("--restart-interval", type=int, default=10)
     parser.add_argument("--val-every", type=int, default=10)
     parser.add_argument("--rank-tol", type=float, default=1e-2, help="numerical rank: σ > rank_tol · σ_max")
     parser.add_argument("--max-new-tokens", type=int, default=12)
