@@ -22,8 +22,9 @@ the rank of the accumulated update ``ΔW = W_t − W_0`` of every adapted layer 
 Plain LoRA's ``ΔW = s B A`` has rank at most ``r``.
 
 Run: ``python -m lightning_llm.studies.scalora --out benchmarks/results/scalora_smollm2.json``. The committed
-file was made by two such processes in parallel (``--arms lora restart`` and ``--arms scalora``, each with its own
-``--out``), merged with ``--combine A.json B.json --out benchmarks/results/scalora_smollm2.json``.
+file was made by five such processes, at most two at a time (``--arms lora restart --seeds 0``, ``--arms scalora
+--seeds 0``, then one per remaining arm at seed 1, each with its own ``--out``), merged with
+``--combine part*.json --out benchmarks/results/scalora_smollm2.json``.
 """
 
 from __future__ import annotations
@@ -381,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per arm (one epoch)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--digits", type=int, default=2)
