@@ -29,7 +29,9 @@ answer hits the detector, its steerability is the first such ``L``. CRH predicts
 concept and pooled over concepts (never-steered samples dropped, and set to twice the largest steerability
 found). ``--merge`` combines runs of single concepts made in parallel processes.
 
-Run: ``python -m lightning_llm.studies.steering --out benchmarks/results/steering_smollm2.json``.
+Run: ``python -m lightning_llm.studies.steering --out benchmarks/results/steering_smollm2.json``, or (as for the
+committed file) one process per concept, ``--concepts ocean --out /tmp/ocean.json`` etc., then ``--merge
+/tmp/ocean.json /tmp/food.json /tmp/music.json --out benchmarks/results/steering_smollm2.json``.
 """
 
 from __future__ import annotations
@@ -511,11 +513,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--layer", type=int, default=15, help="0-based decoder layer")
     parser.add_argument("--pairs", type=int, default=32, help="contrast pairs per vector")
     parser.add_argument("--prompts", type=int, default=16, help="steering prompts (first of NEUTRAL_PROMPTS)")
-    parser.add_argument("--crh-prompts", type=int, default=32, help="CRH samples (first of NEUTRAL_PROMPTS)")
-    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.0, 1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--crh-prompts", type=int, default=16, help="CRH samples (first of NEUTRAL_PROMPTS)")
+    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.0, 2.0, 4.0, 8.0])
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument(
-        "--lengths", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0], help="L / ‖a‖ of the sweep"
+        "--lengths", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0], help="L / ‖a‖ of the sweep"
     )
     parser.add_argument("--penalties", type=float, nargs="+", default=[1.0, 0.0])
     parser.add_argument("--threads", type=int, default=1)
