@@ -5,7 +5,7 @@ seed 0) at layer 15 of 30 and added at every position while SmolLM2-135M-Instruc
 neutral chat prompts of the study (24 new tokens); the rate is the fraction of answers the study's ocean keyword
 detector flags, fluency the perplexity of the answers under the unsteered model.
 
-Measured (2 shared CPU cores, one torch thread; ~12 s idle, 34 s under load): at multiplier 0 the rate is 0/8
+Measured (2 shared CPU cores, one torch thread; 34 s under a load of ~10): at multiplier 0 the rate is 0/8
 with perplexity 2.44; at multiplier 4 it is 3/8 with perplexity 17.2. At 8 the text breaks (perplexity in the
 hundreds and the rate falls back, see ``benchmarks/results/steering_smollm2.json``), so the test steers at 4.
 Margins: the rate must rise by at least 2/8 (one prompt below the measurement) and the steered perplexity stay
