@@ -14,19 +14,31 @@ Same model (``--model``, default the embedded tiny Llama; fp32, CPU, eval mode),
   theirs ``SteeringVector({layer: v}).apply(model, multiplier=m)``, and unsteered; the steered tokens must be
   identical. Also the overhead over the unsteered call (paired per round).
 
+Concepts: ``--concept fire`` (default) is the synthetic pair set above on the tiny model. A real concept of
+:mod:`lightning_llm.studies.steering` (``ocean``, ``food``, ``music``; e.g. ``--model smollm2-135m --concept
+ocean --layer 15``) takes that study's contrast pairs (``contrast_pairs(concept, pairs, seed)``), steers its
+neutral chat prompts (``NEUTRAL_PROMPTS``) and also compares the *effect*: each library's own trained vector
+applied by that library, the concept rate of the answers (the study's keyword detector) and their tokens.
+A run merges its rows into the results file beside the other settings' rows (``--fresh``: drop those), each
+setting's config and checks under ``details["settings"]``; passed only if every setting passed.
+
 Timing: :func:`_harness.interleave` (``--reps`` rounds, order alternating, one torch thread).
 ``steering-vectors`` pins transformers < 5 but runs on 5.x: install it with ``--no-deps`` (benchmarks/README.md).
 
     python benchmarks/steering_vs_steering_vectors.py [--pairs 64] [--layer 1] [--reps 21] [--no-write]
+    python benchmarks/steering_vs_steering_vectors.py --model smollm2-135m --concept ocean --layer 15 --reps 5
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sys
+from pathlib import Path
+from typing import Any
 
 import torch
-from _harness import digest, finish, interleave, parser, result, row, set_threads
+from _harness import RESULTS_DIR, digest, finish, interleave, parser, result, row, set_threads
 
 NAME = "steering_vs_steering_vectors"
 COSINE_CRITERION = 0.9999
@@ -46,6 +58,34 @@ def _pairs(n: int, seed: int) -> list[tuple[str, str]]:
     return out
 
 
+def _unit(config: dict[str, Any]) -> str:
+    """The setting a run measured (the key of its rows and of ``details["settings"]``)."""
+    concept = config.get("concept", "fire")
+    return f"{config['model']}, concept {concept}, layer {config['layer']}"
+
+
+def _merge(payload: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``payload`` with the other settings' rows already in ``path`` kept (this setting's replaced), and every
+    setting's config and checks under ``details["settings"][unit]``; passed only if all settings passed."""
+    keys = ("passed", "checks", "config", "versions", "machine", "date")
+    mine = {k: payload[k] for k in keys} | {"metrics": [r["metric"] for r in payload["summary"]]}
+    settings: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    if path.is_file():
+        old = json.loads(path.read_text())
+        old_mine = {k: old[k] for k in keys} | {"metrics": [r["metric"] for r in old["summary"]]}
+        settings = old["details"].get("settings") or {_unit(old["config"]): old_mine}
+        settings.pop(_unit(payload["config"]), None)
+        metrics = {r["metric"] for r in payload["summary"]}
+        rows = [r for r in old["summary"] if r["metric"] not in metrics]
+    settings[_unit(payload["config"])] = mine
+    return payload | {
+        "summary": rows + payload["summary"],
+        "passed": all(s["passed"] for s in settings.values()),
+        "details": {**payload["details"], "settings": settings},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, reps=21)
     p.add_argument("--model", default="tiny", help="backbone name or directory (load_backbone)")
@@ -56,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--multiplier", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--concept",
+        default="fire",
+        help="fire (synthetic, tiny) or a concept of lightning_llm.studies.steering",
+    )
+    p.add_argument("--fresh", action="store_true", help="drop the other settings' rows from the results file")
     args = p.parse_args(argv)
     set_threads(args.threads)
     import steering_vectors as sv
@@ -69,7 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_backbone(args.model)
     model.eval()
     tok.padding_side = "right"  # the same padding on both sides
-    pairs = _pairs(args.pairs, args.seed)
+    real = args.concept != "fire"
+    if real:
+        from lightning_llm.studies import steering as study
+
+        if args.concept not in study.CONCEPTS:
+            p.error(f"--concept must be fire or one of {sorted(study.CONCEPTS)}, got {args.concept!r}")
+        pairs = study.contrast_pairs(args.concept, args.pairs, args.seed)
+    else:
+        pairs = _pairs(args.pairs, args.seed)
 
     def ours_train() -> torch.Tensor:
         return train_steering_vector(
@@ -85,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     cosine = float(torch.nn.functional.cosine_similarity(ours_vec, theirs_vec, dim=0))
     train = interleave({"ours": ours_train, "theirs": theirs_train}, args.reps, args.warmup)
 
-    prompts = [q[: q.rindex(" the ") + len(" the")] for q, _ in pairs[: args.prompts]]
+    if real:
+        prompts = study.chat_prompts(tok, study.NEUTRAL_PROMPTS[: args.prompts])
+    else:
+        prompts = [q[: q.rindex(" the ") + len(" the")] for q, _ in pairs[: args.prompts]]
     tok.padding_side = "left"  # generation pads on the left
     enc = tok(prompts, return_tensors="pt", padding=True)
     gen_kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
@@ -113,11 +170,29 @@ def main(argv: list[str] | None = None) -> int:
         "steered_tokens_identical": bool(torch.equal(ours_tokens, theirs_tokens)),
         "steering_changes_greedy_output": not bool(torch.equal(ours_tokens, plain())),
     }
+    if real:  # the effect of each library's own vector, applied by that library
+        detector = study.concept_detector(args.concept)
+        own = sv.SteeringVector(layer_activations={args.layer: theirs_vec}, layer_type="decoder_block")
+        with torch.no_grad(), own.apply(model, multiplier=args.multiplier):
+            theirs_own = model.generate(**enc, **gen_kwargs)
+        width = enc["input_ids"].shape[1]
+
+        def rate(ids: torch.Tensor) -> float:
+            texts = tok.batch_decode(ids[:, width:], skip_special_tokens=True)
+            return sum(detector(texts)) / len(texts)
+
+        checks |= {
+            "concept_rate_unsteered": rate(plain()),
+            "concept_rate_ours": rate(ours_tokens),
+            "concept_rate_theirs_own_vector": rate(theirs_own),
+            "own_vectors_same_tokens": bool(torch.equal(ours_tokens, theirs_own)),
+        }
     gen = interleave({"ours": ours_gen, "theirs": theirs_gen, "unsteered": plain}, args.reps, args.warmup)
     overhead = {k: [a / b for a, b in zip(gen[k], gen["unsteered"], strict=True)] for k in ("ours", "theirs")}
     setting = f"{args.model}, fp32, cpu, {args.threads or 'default'} thread(s)"
-    unit = f"{setting}, layer {args.layer}, {args.pairs} pairs, batch {args.batch_size}"
-    gen_unit = f"{setting}, {args.prompts} prompts x {args.new_tokens} new tokens, greedy"
+    concept = f", concept {args.concept}" if real else ""
+    unit = f"{setting}, layer {args.layer}{concept}, {args.pairs} pairs, batch {args.batch_size}"
+    gen_unit = f"{setting}{concept}, {args.prompts} prompts x {args.new_tokens} new tokens, greedy"
     # fmt: off
     summary = [
         row(NAME, f"time to train one vector, s ({unit})", "train_steering_vector (diffmean)",
@@ -135,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         config={
             **vars(args),
             "no_write": None,
+            "fresh": None,
             "pairs_digest": digest(pairs),
             "prompts_digest": digest(enc["input_ids"], enc["attention_mask"]),
         },
@@ -142,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         passed=checks["vectors_agree"] and checks["steered_tokens_identical"],
         packages=("torch", "transformers", "steering-vectors", "lightning"),
     )
+    if not args.no_write and not args.fresh:
+        payload = _merge(payload, RESULTS_DIR / f"{NAME}{f'-{args.tag}' if args.tag else ''}.json")
     return finish(payload, args)
 
 
