@@ -112,7 +112,7 @@ def test_render_and_rewrite_readme(bench, tmp_path):
     make_table.main(args)
     assert readme.read_text() == text
     (tmp_path / "results" / "old.json").write_text(json.dumps({"schema": 1, "summary": []}))
-    with pytest.raises(ValueError, match="old.json: schema must be"):
+    with pytest.raises(ValueError, match=r"old\.json: schema must be"):
         make_table.main(args)
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lightning_llm.studies.steering import (
+from lightning_llm.evaluation.steering_study import (
     CONCEPTS,
     NEUTRAL_PHRASES,
     PAIR_TEMPLATES,

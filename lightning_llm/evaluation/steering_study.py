@@ -29,7 +29,7 @@ answer hits the detector, its steerability is the first such ``L``. CRH predicts
 concept and pooled over concepts (never-steered samples dropped, and set to twice the largest steerability
 found). ``--merge`` combines runs of single concepts made in parallel processes.
 
-Run: ``python -m lightning_llm.studies.steering --out benchmarks/results/steering_smollm2.json``, or (as for the
+Run: ``python -m lightning_llm.evaluation.steering_study --out benchmarks/results/steering_smollm2.json``, or (as for the
 committed file) one process per concept, ``--concepts ocean --out /tmp/ocean.json`` etc., then ``--merge
 /tmp/ocean.json /tmp/food.json /tmp/music.json --out benchmarks/results/steering_smollm2.json``.
 """
@@ -482,7 +482,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     }
     return {
-        "study": "CRH steering on a real backbone (lightning_llm.studies.steering)",
+        "study": "CRH steering on a real backbone (lightning_llm.evaluation.steering_study)",
         "settings": settings,
         "how_pairs_were_made": (
             "per seed, `pairs` draws of (template, concept phrase, neutral phrase) from PAIR_TEMPLATES, "
