@@ -57,7 +57,6 @@ from lightning_llm.quantization import (
     quantize_model_nf4,
     save_quantized,
 )
-from lightning_llm.quantization.linear import _set_module
 
 __all__ = ["METHODS", "PASSAGES", "densify", "encode_model", "held_out_windows", "load_passages", "score"]
 
@@ -86,6 +85,11 @@ def held_out_windows(tokenizer, passages: Sequence[str], seq_len: int) -> Tensor
     return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
 
 
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
 def densify(model: nn.Module) -> nn.Module:
     """Replace every :class:`TrellisLinear` (in place) by an ``nn.Linear`` holding its dequantised weight."""
     for name, mod in list(model.named_modules()):
@@ -95,7 +99,7 @@ def densify(model: nn.Module) -> nn.Module:
                 lin.weight.copy_(dequantize(mod.quantized_matrix()))
                 if mod.bias is not None:
                     lin.bias.copy_(mod.bias)
-            _set_module(model, name, lin.requires_grad_(False))
+            _replace(model, name, lin.requires_grad_(False))
     return model
 
 
