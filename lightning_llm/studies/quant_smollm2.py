@@ -205,6 +205,7 @@ def run(
     l16_layer: int | None,
     quantized_dir: Path | None,
     progress: Any = None,
+    max_windows: int | None = None,
 ) -> dict[str, Any]:
     """The study; ``progress(result)`` (if given) is called with the partial result after every method."""
     torch.manual_seed(0)
@@ -213,6 +214,9 @@ def run(
     passages = load_passages()
     calib_text, held_text = passages[:calib_passages], passages[calib_passages:]
     windows = held_out_windows(tokenizer, held_text, seq_len)
+    all_windows = windows.shape[0]
+    if max_windows is not None:
+        windows = windows[:max_windows]
     calib = held_out_windows(tokenizer, calib_text, calib_len)
     result: dict[str, Any] = {
         "model": model_name,
@@ -224,7 +228,8 @@ def run(
             "seq_len": seq_len,
             "batch": batch,
             "held_out_passages": len(held_text),
-            "held_out_windows": windows.shape[0],
+            "held_out_windows": all_windows,
+            "scored_windows": windows.shape[0],
             "calibration_passages": len(calib_text),
             "calibration_windows": calib.shape[0],
             "calibration_len": calib_len,
@@ -386,6 +391,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.l16_layer,
         args.quantized_dir,
         progress=write,
+        max_windows=args.max_windows,
     )
     write(result, complete=True)
 
