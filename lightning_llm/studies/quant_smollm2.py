@@ -353,6 +353,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--distill-steps", type=int, default=10)
     parser.add_argument("--distill-lr", type=float, default=1e-2)
     parser.add_argument(
+        "--max-windows", type=int, default=None, help="score only the first N held-out windows (a budget cut)"
+    )
+    parser.add_argument(
         "--l16-layer", type=int, default=None, help="also encode this layer's 7 matrices at L=16"
     )
     parser.add_argument("--quantized-dir", type=Path, default=None, help="cache of encoded trellis models")
