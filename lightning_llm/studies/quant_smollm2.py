@@ -233,6 +233,7 @@ def run(
             "calibration_passages": len(calib_text),
             "calibration_windows": calib.shape[0],
             "calibration_len": calib_len,
+            "calibration_batches": 1,
             "distill_steps": distill_steps,
             "distill_lr": distill_lr,
             "distill_tune": ["affine", "scales"],
@@ -277,9 +278,7 @@ def run(
                         proteus_q, _ = _encode_cached(fp32, "proteus", L, seed, quantized_dir)
                     q = copy.deepcopy(proteus_q)
                     d0 = time.process_time()
-                    hist = distill_quantized(
-                        q, fp32, [w.unsqueeze(0) for w in calib], steps=distill_steps, lr=distill_lr
-                    )
+                    hist = distill_quantized(q, fp32, calib, steps=distill_steps, lr=distill_lr)
                     record(method, "distill_cpu_s", time.process_time() - d0)
                     record(method, "calibration_kl_before", hist[0])
                     record(method, "calibration_kl_after", hist[-1])
