@@ -21,13 +21,13 @@ layer is then encoded with the fitted ``α, β``, which are refit by least squar
 symmetric levels ``(j − (2^bits − 1)/2)·Δ_i`` per output row, ``Δ_i`` the MSE-best step on a grid
 (after the same incoherence processing unless ``incoherence=False``).
 
-Runtime, measured on the development machine (one thread; 2 cores shared with other jobs, so wall time was
-1.7–2.4x the process CPU time): ``quantize_matrix(W, "proteus", bits=2, L=16, V=1)`` on a 1024 × 1024
-N(0, 1) matrix (4096 tiles) took 496 s of CPU (1186 s wall), MSE 0.0685; at V = 2, 328 s of CPU (565 s
-wall), MSE 0.0690. The L = 16 Viterbi costs ≈ 0.05 s of CPU per 256-weight tile and pass at V = 1, two passes
-per tile for tail-biting; the Proteus candidate search adds 8 × ``proxy_tiles`` tiles. Encoding cost is
-``O(n_weights / V · 2^L)``: L = 12 is 16x cheaper (the unit tests use L ≤ 12 except for the L = 16 quality
-check).
+Runtime. Encoding cost is ``O(n_weights / V · 2^L)``, two Viterbi passes per tile for tail-biting, plus the
+Proteus candidate search's 8 × ``proxy_tiles`` tiles. On CPU tensors :func:`.trellis.viterbi` uses the compiled
+Viterbi (:mod:`._viterbi_cpp`, the same bits as the torch reference); measured on the development machine (one
+thread, process CPU time; 2 cores shared with other jobs) on SmolLM2's 576 × 1536 ``gate_proj``: about 10 s with
+the torch reference and 2 s compiled at L = 12, and 16x that at L = 16 (``benchmarks/results/viterbi_speed.json``).
+With the torch reference, a 1024 × 1024 N(0, 1) matrix at L = 16 took 496 s of CPU (MSE 0.0685; V = 2: 328 s,
+MSE 0.0690).
 """
 
 from __future__ import annotations

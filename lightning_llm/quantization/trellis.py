@@ -63,6 +63,8 @@ from torch import Tensor
 
 from lightning_llm.kernels.trellis_decode import pack_chunks, trellis_states
 
+from . import _viterbi_cpp
+
 __all__ = ["brute_force", "decode_packed", "decode_states", "pack", "unpack", "viterbi"]
 
 
@@ -178,13 +180,19 @@ def viterbi(
     V: int = 1,
     tail_biting: bool | str = True,
     chunk_tiles: int = 32,
+    backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Trellis-quantize tiles ``x [T, n]``. Returns ``(states [T, n/V] int64, x_hat [T, n])``.
 
     ``code`` maps int states to ``[.., V]`` values (:mod:`.codes`); its ``2^L`` table is precomputed here.
     ``tail_biting``: ``True`` (two-pass), ``"exact"`` or ``False`` (see the module docstring).
-    ``chunk_tiles`` bounds the back-pointer memory to ``chunk_tiles · (n/V) · 2^{L−kV}`` bytes.
+    ``backend``: ``"cpp"`` (the compiled CPU Viterbi of :mod:`._viterbi_cpp`: all tiles in one call, the
+    same states as the reference), ``"torch"`` (the reference, :func:`_viterbi_core`, in chunks of
+    ``chunk_tiles`` tiles, which bounds its back-pointer memory to ``chunk_tiles · (n/V) · 2^{L−kV}`` bytes) or
+    ``"auto"`` (``"cpp"`` for CPU tensors when it builds, else ``"torch"``).
     """
+    if backend not in ("auto", "cpp", "torch"):
+        raise ValueError(f"backend must be 'auto', 'cpp' or 'torch', got {backend!r}")
     kv = _check_params(L, k, V)
     if getattr(code, "V", V) != V:
         raise ValueError(f"code has V={code.V} but V={V} was requested")
@@ -195,21 +203,26 @@ def viterbi(
     if table.shape != (1 << L, V):
         raise ValueError(f"code table has shape {tuple(table.shape)}, expected {(1 << L, V)}")
     U = 1 << (L - kv)
+    if backend == "auto":
+        backend = "cpp" if x.device.type == "cpu" and _viterbi_cpp.available() else "torch"
+    core = _viterbi_cpp.viterbi_cpp if backend == "cpp" else _viterbi_core
+    if backend == "cpp":
+        chunk_tiles = max(xs.shape[0], 1)  # no back-pointers are kept across tiles
     out = []
     for c in range(0, xs.shape[0], chunk_tiles):
         xc = xs[c : c + chunk_tiles]
         Tc = xc.shape[0]
         if tail_biting is False:
-            states, _ = _viterbi_core(xc, table, L, kv, None, None)
+            states, _ = core(xc, table, L, kv, None, None)
         elif tail_biting is True:
             N = xc.shape[1]
-            first, _ = _viterbi_core(torch.roll(xc, -(N // 2), dims=1), table, L, kv, None, None)
+            first, _ = core(torch.roll(xc, -(N // 2), dims=1), table, L, kv, None, None)
             o = first[:, N - 1 - N // 2] & (U - 1)
-            states, _ = _viterbi_core(xc, table, L, kv, o, o)
+            states, _ = core(xc, table, L, kv, o, o)
         else:
             o = torch.arange(U, device=x.device).repeat(Tc)  # tile-major: [t0 o0, t0 o1, ...]
             xr = xc.repeat_interleave(U, dim=0)
-            st, cost = _viterbi_core(xr, table, L, kv, o, o)
+            st, cost = core(xr, table, L, kv, o, o)
             best = cost.view(Tc, U).argmin(dim=1)
             states = st.view(Tc, U, -1)[torch.arange(Tc, device=x.device), best]
         out.append(states)

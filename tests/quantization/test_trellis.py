@@ -135,3 +135,57 @@ def test_quality_at_L16_on_gaussian():
     assert 0.064 < mse["qtip-3inst"] <= 0.078
     assert mse["rtn"] > 0.11
     assert max(mse["proteus"], mse["qtip-1mad"]) < mse["rtn"] - 0.04
+
+
+@pytest.mark.parametrize(
+    ("L", "k", "V"), [(8, 2, 1), (8, 1, 2), (8, 2, 2), (12, 2, 1), (12, 3, 1), (12, 2, 2)]
+)
+def test_compiled_viterbi_gives_the_reference_bitstream(L, k, V):
+    """The compiled CPU Viterbi reproduces the torch reference exactly: states, packed bits and x_hat."""
+    from lightning_llm.quantization import _viterbi_cpp
+
+    assert _viterbi_cpp.available()
+    g = torch.Generator().manual_seed(L * 10 + k + V)
+    n = 46 * V if (L, k) != (12, 3) else 38  # odd step counts (46 / 38 steps), not multiples of 8 bits
+    x = torch.randn(7, n, generator=g) * 1.3
+    x[3] = 0.0  # an all-zero tile (zero padding): many equal branch costs, so the tie rules are exercised
+    codes = [OneMADCode(V=V), ThreeInstCode(V=V), MulBalCode(V=V, multiplier=0x85EBCA6B, shift=13)]
+    codes.append(TableCode(torch.randn(1 << L, V, generator=g)))
+    for code in codes:
+        for tail_biting in (True, False):
+            ref_states, ref_hat = viterbi(x, code, L, k, V, tail_biting=tail_biting, backend="torch")
+            states, x_hat = viterbi(x, code, L, k, V, tail_biting=tail_biting, backend="cpp")
+            assert torch.equal(states, ref_states), (code, tail_biting)
+            assert torch.equal(x_hat, ref_hat), (code, tail_biting)
+            if tail_biting:
+                assert torch.equal(pack(states, L, k, V), pack(ref_states, L, k, V))
+
+
+@pytest.mark.parametrize("V", [1, 2])
+def test_compiled_viterbi_path_costs_are_bit_identical(V):
+    """The float32 path costs themselves agree bit for bit (same rounding of every branch cost)."""
+    from lightning_llm.quantization import _viterbi_cpp
+    from lightning_llm.quantization.trellis import _viterbi_core
+
+    g = torch.Generator().manual_seed(11 + V)
+    xs = torch.randn(6, 29, V, generator=g)
+    table = torch.randn(1 << 10, V, generator=g)
+    start = torch.randint(0, 1 << 8, (6,), generator=g)
+    for start_high, end_low in ((None, None), (start, start)):
+        ref_states, ref_cost = _viterbi_core(xs, table, 10, 2, start_high, end_low)
+        states, cost = _viterbi_cpp.viterbi_cpp(xs, table, 10, 2, start_high, end_low)
+        assert torch.equal(cost, ref_cost) and torch.equal(states, ref_states)
+
+
+def test_compiled_viterbi_exact_tail_biting_matches_reference():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 9, generator=g)
+    for code in (OneMADCode(), TableCode(torch.randn(64, 1, generator=g))):
+        ref = viterbi(x, code, 6, 2, 1, tail_biting="exact", backend="torch")
+        out = viterbi(x, code, 6, 2, 1, tail_biting="exact", backend="cpp")
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+
+
+def test_viterbi_rejects_unknown_backend():
+    with pytest.raises(ValueError, match="backend"):
+        viterbi(torch.randn(1, 16), OneMADCode(), 4, 2, 1, backend="numba")
