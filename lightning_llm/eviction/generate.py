@@ -82,15 +82,33 @@ def generate_with_budget(
     ``top_p``, ``generator`` (sampling), ``eos_token_id`` (int or list; finished rows are filled with
     ``pad_token_id``, default the first eos id), ``output_logits``; anything else is a ``TypeError``.
 
-    Batches of equal-length prompts are supported; padded prompts (``attention_mask`` with zeros) are not yet.
+    Batches: rows of equal length, or left-padded rows (``attention_mask`` ``[B, L]`` with zeros only before each
+    row's first real token, as a tokenizer with ``padding_side="left"`` gives). Each row then runs at its own
+    positions (0 at its first real token), pad slots are masked out and evicted before any real token, and
+    every row keeps ``budget`` slots (pads included), i.e. at most ``budget`` real tokens: the answers are those
+    of one row at a time with the same budget (up to floating-point ties). ``peak_cache_bytes`` counts the
+    stored slots, pads included. A latent ``memory`` is not supported with padding.
     """
     unknown = set(generate_kwargs) - set(_SUPPORTED)
     if unknown:
         raise TypeError(f"generate_with_budget got unsupported generate kwargs {sorted(unknown)}")
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-    if attention_mask is not None and not bool(attention_mask.bool().all()):
-        raise NotImplementedError("padded batches are not supported yet: pass equal-length prompts")
+    is_pad = None
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+            )
+        real = attention_mask.bool()
+        if not bool(real.all()):
+            if bool((real[:, :-1] & ~real[:, 1:]).any()):
+                raise ValueError("padded batches must be left-padded: a 0 in attention_mask after a 1")
+            if not bool(real[:, -1].all()):
+                raise ValueError("every row of attention_mask needs at least one real token")
+            if memory is not None:
+                raise NotImplementedError("a latent memory is not supported with padded batches")
+            is_pad = ~real
     check_model(model, policy.needs_attention)
     eos = generate_kwargs.get("eos_token_id")
     eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
@@ -113,15 +131,23 @@ def generate_with_budget(
         readout = memory.attach(model)
     else:
         readout = contextlib.nullcontext()
+    num_pads = None if is_pad is None else is_pad.sum(dim=-1, keepdim=True)
+    new_is_pad = is_pad
     with eval_mode(model), cache.attach(model), readout:
         for _ in range(max_new_tokens):
             seen = cache.get_seq_length()
             positions = torch.arange(seen, seen + next_input.shape[1], device=device).expand(bsz, -1)
+            mask_kw = {}
+            if num_pads is not None:
+                positions = (positions - num_pads).clamp(min=0)
+                mask_kw["attention_mask"] = cache.padded_mask(new_is_pad, model.dtype)
+                new_is_pad = torch.zeros((bsz, 1), dtype=torch.bool, device=device)
             out = model(
                 input_ids=next_input,
                 position_ids=positions,
                 use_cache=True,
                 logits_to_keep=1,
+                **mask_kw,
                 **{cache_kw: cache},
             )
             logits = out.logits[:, -1].float()

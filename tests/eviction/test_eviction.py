@@ -195,9 +195,14 @@ def test_errors(model, prompt):
     Sliding.config.layer_types = ["sliding_attention"] * 4
     with pytest.raises(ValueError, match="unsupported model"):
         generate_with_budget(Sliding(), prompt, policy=StreamingLLM(), budget=32, max_new_tokens=1)
-    with pytest.raises(NotImplementedError, match="padded"):
-        mask = torch.ones_like(prompt).index_fill_(1, torch.tensor([0]), 0)
+    with pytest.raises(ValueError, match="left-padded"):
+        mask = torch.ones_like(prompt).index_fill_(1, torch.tensor([3]), 0)
         generate_with_budget(model, prompt, mask, policy=H2O(), budget=32, max_new_tokens=1)
+    with pytest.raises(NotImplementedError, match="memory"):
+        mask = torch.ones_like(prompt).index_fill_(1, torch.tensor([0]), 0)
+        generate_with_budget(
+            model, prompt, mask, policy=H2O(), budget=32, max_new_tokens=1, memory=lambda *a: None
+        )
     with pytest.raises(TypeError, match="num_beams"):
         generate_with_budget(model, prompt, policy=H2O(), budget=32, max_new_tokens=1, num_beams=2)
     with pytest.raises(RuntimeError, match="attach"):  # attention policy without the query hooks
@@ -229,3 +234,28 @@ def test_sampling_and_eos(model, prompt):
         model, prompt, policy=StreamingLLM(4, 8), budget=16, max_new_tokens=5, eos_token_id=eos
     )
     assert stopped.sequences.shape[1] == PROMPT + 1
+
+
+@pytest.mark.parametrize(
+    "policy", [FullCache(), StreamingLLM(4, 8), H2O(4, 8), SnapKV(4, 8, observation_window=8)], ids=repr
+)
+def test_left_padded_batch_equals_one_prompt_at_a_time(model, prompt, policy):
+    # rows of 30, 23, 17 and 11 real tokens under a 16-slot budget: evicting at prefill, at decode only, never
+    lengths = (PROMPT, 23, 17, 11)
+    rows = [prompt[0, PROMPT - n :] for n in lengths]
+    ids = torch.zeros((len(rows), PROMPT), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, PROMPT - len(row) :] = row
+        mask[i, PROMPT - len(row) :] = 1
+    batched = generate_with_budget(
+        model, ids, mask, policy=policy, budget=16, max_new_tokens=8, output_logits=True
+    )
+    for i, row in enumerate(rows):
+        alone = generate_with_budget(
+            model, row[None], policy=policy, budget=16, max_new_tokens=8, output_logits=True
+        )
+        assert torch.equal(batched.sequences[i, PROMPT:], alone.sequences[0, len(row) :])
+        torch.testing.assert_close(batched.logits[i], alone.logits[0])
+    last = batched.cache_stats[-1]
+    assert last.seen == PROMPT + 7 and last.kept == (16 if policy.evicts else PROMPT + 7)
