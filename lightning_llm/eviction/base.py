@@ -334,6 +334,11 @@ class BudgetedCache(DynamicCache):
                 h.remove()
             self._pending.clear()
 
+    def set_queries(self, layer_idx: int, queries: Tensor, scaling: float) -> None:
+        """Give the next update of layer ``layer_idx`` its new rotated queries ``[B, Hq, q, D]`` (what the hooks
+        of :meth:`attach` capture during a forward), e.g. to replay a recorded prefill."""
+        self._pending[int(layer_idx)] = (queries, float(scaling))
+
     def _capture_queries(self, module, args, kwargs) -> None:
         self._pending[int(module.layer_idx)] = (
             rotated_queries(module, args, kwargs).detach(),

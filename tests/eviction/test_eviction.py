@@ -17,6 +17,7 @@ from lightning_llm.eviction import (
     SnapKV,
     StreamingLLM,
     generate_with_budget,
+    record_prefill,
 )
 
 PROMPT = 30  # the length of the `prompt` fixture (conftest.py)
@@ -257,5 +258,17 @@ def test_left_padded_batch_equals_one_prompt_at_a_time(model, prompt, policy):
         )
         assert torch.equal(batched.sequences[i, PROMPT:], alone.sequences[0, len(row) :])
         torch.testing.assert_close(batched.logits[i], alone.logits[0])
+    # a recorded prefill replayed through the cache gives exactly the same run
+    prefill = record_prefill(model, ids, mask)
+    replayed = generate_with_budget(
+        model, ids, mask, policy=policy, budget=16, max_new_tokens=8, output_logits=True, prefill=prefill
+    )
+    assert torch.equal(replayed.sequences, batched.sequences)
+    assert torch.equal(replayed.logits, batched.logits)
+    assert (
+        replayed.cache_stats == batched.cache_stats and replayed.peak_cache_bytes == batched.peak_cache_bytes
+    )
+    with pytest.raises(ValueError, match="other input_ids"):
+        generate_with_budget(model, ids, policy=policy, budget=16, max_new_tokens=1, prefill=prefill)
     last = batched.cache_stats[-1]
     assert last.seen == PROMPT + 7 and last.kept == (16 if policy.evicts else PROMPT + 7)
