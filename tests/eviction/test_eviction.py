@@ -178,6 +178,23 @@ def test_snapkv_keeps_observation_window_votes(model, prompt, eager_attentions):
         assert not torch.equal(keep[0, 0], _streaming_keep(sinks, window, budget))  # not trivially recency
 
 
+def test_snapkv_avg_prefix_pools_only_the_prefix_like_kvpress(model, prompt, eager_attentions):
+    sinks, window, budget, obs, kernel = 4, 4, 16, 6, 3
+    policy = SnapKV(sinks, window, observation_window=obs, kernel_size=kernel, pooling="avg_prefix")
+    cache = BudgetedCache(policy, budget, 4)
+    _forward(model, cache, prompt, 0)
+    for layer, attn in enumerate(eager_attentions):
+        votes = _group_sum(attn[:, :, -obs:].sum(dim=2))[0, :, : PROMPT - obs]  # [Hkv, S - obs], prefix only
+        padded = torch.nn.functional.pad(votes, (1, 1), value=0.0)
+        pooled = torch.stack([padded[:, i : i + kernel].mean(dim=-1) for i in range(PROMPT - obs)], dim=-1)
+        scores = torch.cat([pooled, torch.full((pooled.shape[0], obs), 1e3)], dim=-1)  # window kept first
+        keep = _expected_keep(scores[None], sinks, window, budget)
+        assert torch.equal(cache.kept_positions(layer), keep)
+        assert set(range(PROMPT - obs, PROMPT)) <= set(keep[0, 0].tolist())
+    with pytest.raises(ValueError, match="pooling"):
+        SnapKV(pooling="mean")
+
+
 def test_errors(model, prompt):
     with pytest.raises(ValueError, match="budget"):
         generate_with_budget(model, prompt, policy=StreamingLLM(4, 8), budget=11, max_new_tokens=1)
