@@ -43,7 +43,7 @@ from lightning_llm.datamodules.tasks.long_context import MultiKeyNeedleTask, Nee
 from lightning_llm.eviction import H2O, FullCache, SnapKV, StreamingLLM, generate_with_budget, record_prefill
 from lightning_llm.types import Example
 
-__all__ = ["first_number_score", "main", "run_accuracy", "run_timing", "wilson_interval"]
+__all__ = ["first_number_score", "main", "merge", "run_accuracy", "run_timing", "wilson_interval"]
 
 SYSTEM_PROMPT = "Answer the question about the text with the number only."
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -99,6 +99,8 @@ def _batch(encoded: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
 
 
 def _summary(correct: list[float]) -> dict[str, Any]:
+    if not correct:
+        return {"accuracy": None, "n": 0, "wilson95": None}
     low, high = wilson_interval(sum(correct), len(correct))
     return {"accuracy": sum(correct) / len(correct), "n": len(correct), "wilson95": [low, high]}
 
@@ -187,6 +189,7 @@ def run_accuracy(
         "seed": seed,
         "prompt_tokens": {"mean": statistics.fmean(lengths), "min": min(lengths), "max": max(lengths)},
         "needle_depths": sorted(set(depths)),
+        "per_prompt_depth": [_depth(ex) if task == "needle" else None for ex in examples],
         "answers_first_10": [ex.answer for ex in examples[:10]],
         "prefill_cpu_seconds": round(cpu["prefill"], 1),
         "rows": rows,
@@ -245,6 +248,65 @@ def run_timing(
     return rows
 
 
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Combine part files (run as separate processes): accuracy parts of the same task are pooled prompt by prompt
+    (their seeds must differ) and their summaries recomputed; timings are concatenated; CPU seconds add up."""
+    result = {k: v for k, v in parts[0].items() if k not in ("accuracy", "timing", "settings", "command")}
+    result["parts"] = [
+        {"settings": p["settings"], "command": p["command"], "cpu_seconds": p["cpu_seconds"]} for p in parts
+    ]
+    result["seeds"] = sorted({seed for p in parts for seed in p["seeds"]})
+    result["cpu_seconds"] = round(sum(p["cpu_seconds"] for p in parts), 1)
+    result["timing"] = [row for p in parts for row in p.get("timing", [])]
+    pooled: dict[str, dict[str, Any]] = {}
+    for part in [a for p in parts for a in p.get("accuracy", [])]:
+        if part["task"] not in pooled:
+            pooled[part["task"]] = {
+                **part,
+                "seed": [part["seed"]],
+                "prompt_tokens_parts": [part["prompt_tokens"]],
+            }
+            continue
+        into = pooled[part["task"]]
+        if part["seed"] in into["seed"]:
+            raise ValueError(f"two {part['task']} parts with seed {part['seed']}")
+        into["seed"].append(part["seed"])
+        into["n"] += part["n"]
+        into["prefill_cpu_seconds"] = round(into["prefill_cpu_seconds"] + part["prefill_cpu_seconds"], 1)
+        into["per_prompt_depth"] += part["per_prompt_depth"]
+        into["prompt_tokens_parts"].append(part["prompt_tokens"])
+        for row, other in zip(into["rows"], part["rows"], strict=True):
+            row["per_prompt_correct"] = row["per_prompt_correct"] + other["per_prompt_correct"]
+            row["cpu_seconds"] = round(row["cpu_seconds"] + other["cpu_seconds"], 1)
+            row["peak_cache_bytes"] = max(row["peak_cache_bytes"], other["peak_cache_bytes"])
+            if row["mean_budget_fraction"] is not None:
+                row["mean_budget_fraction"] = (
+                    row["mean_budget_fraction"] + other["mean_budget_fraction"]
+                ) / 2
+    for part in pooled.values():
+        tokens = part.pop("prompt_tokens_parts")
+        part["prompt_tokens"] = {
+            "mean": statistics.fmean(t["mean"] for t in tokens),
+            "min": min(t["min"] for t in tokens),
+            "max": max(t["max"] for t in tokens),
+        }
+        for row in part["rows"]:
+            row.update(_summary(row["per_prompt_correct"]))
+            if part["task"] == "needle":
+                row["by_depth"] = {
+                    f"{d:g}": _summary(
+                        [
+                            c
+                            for c, pd in zip(row["per_prompt_correct"], part["per_prompt_depth"], strict=True)
+                            if pd == d
+                        ]
+                    )
+                    for d in DEPTHS
+                }
+    result["accuracy"] = list(pooled.values())
+    return result
+
+
 def _host() -> dict[str, Any]:
     return {
         "machine": platform.machine(),
@@ -287,13 +349,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.out.exists() and not args.overwrite:
         raise SystemExit(f"{args.out} exists; pass --overwrite or choose another --out")
     if args.merge:
-        parts = [json.loads(p.read_text()) for p in args.merge]
-        result = parts[0]
-        for part in parts[1:]:
-            result["accuracy"] = result.get("accuracy", []) + part.get("accuracy", [])
-            result["timing"] = result.get("timing", []) + part.get("timing", [])
-            result["cpu_seconds"] = round(result["cpu_seconds"] + part["cpu_seconds"], 1)
-            result["parts_settings"] = [*result.get("parts_settings", [result["settings"]]), part["settings"]]
+        result = merge([json.loads(p.read_text()) for p in args.merge])
     else:
         torch.set_num_threads(1)
         torch.manual_seed(args.seed)
