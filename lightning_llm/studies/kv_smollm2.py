@@ -31,7 +31,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,29 +106,72 @@ def _summary(correct: list[float]) -> dict[str, Any]:
 
 
 def run_accuracy(
-    model: Any, tokenizer: Any, task: str, n: int, words: int, seed: int, batch_size: int, max_new_tokens: int
+    model: Any,
+    tokenizer: Any,
+    task: str,
+    n: int,
+    words: int,
+    seed: int,
+    batch_size: int,
+    max_new_tokens: int,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Accuracy of the full cache and every policy x ratio on ``n`` prompts of ``task``."""
+    """Accuracy of the full cache and every policy x ratio on ``n`` prompts of ``task``; ``progress`` gets the
+    report over the prompts done so far after every batch (``"complete": False`` until the last)."""
     examples = _examples(task, n, words, seed)
     encoded = _encode(tokenizer, examples)
     order = sorted(range(len(examples)), key=lambda i: (len(encoded[i]), i))
     arms = [("full", None, None)] + [
         (name, r, cls) for name in POLICIES for r in RATIOS for cls in [POLICIES[name]]
     ]
-    correct: dict[str, list[float]] = {}
-    completions: dict[str, list[str]] = {}
-    budgets: dict[str, list[int]] = {}
-    peak: dict[str, int] = {}
-    cpu: dict[str, float] = {"prefill": 0.0}
+    labels = [name if ratio is None else f"{name}@{ratio:g}" for name, ratio, _ in arms]
+    correct = {label: [0.0] * len(examples) for label in labels}
+    completions = {label: [""] * len(examples) for label in labels}
+    budgets = {label: [0] * len(examples) for label in labels}
+    peak = dict.fromkeys(labels, 0)
+    cpu: dict[str, float] = dict.fromkeys(["prefill", *labels], 0.0)
     eos = tokenizer.eos_token_id
+
+    def report(done: list[int]) -> dict[str, Any]:
+        done = sorted(done)
+        lengths = [len(encoded[i]) for i in done]
+        rows = []
+        for (name, ratio, _), label in zip(arms, labels, strict=True):
+            ok = [correct[label][i] for i in done]
+            row = {"arm": label, "policy": name, "ratio": ratio, **_summary(ok)}
+            if task == "needle":
+                row["by_depth"] = {
+                    f"{d:g}": _summary([correct[label][i] for i in done if _depth(examples[i]) == d])
+                    for d in DEPTHS
+                }
+            row["peak_cache_bytes"] = peak[label]
+            row["mean_budget_fraction"] = (
+                None if ratio is None else statistics.fmean(budgets[label][i] / len(encoded[i]) for i in done)
+            )
+            row["cpu_seconds"] = round(cpu[label], 1)
+            row["per_prompt_correct"] = ok
+            row["completions_first_10"] = [completions[label][i] for i in done[:10]]
+            rows.append(row)
+        return {
+            "task": task,
+            "n": len(done),
+            "complete": len(done) == len(examples),
+            "haystack_words": words,
+            "seed": seed,
+            "prompt_tokens": {"mean": statistics.fmean(lengths), "min": min(lengths), "max": max(lengths)},
+            "per_prompt_depth": [_depth(examples[i]) if task == "needle" else None for i in done],
+            "answers_first_10": [examples[i].answer for i in done[:10]],
+            "prefill_cpu_seconds": round(cpu["prefill"], 1),
+            "rows": rows,
+        }
+
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         ids, mask = _batch([encoded[i] for i in chunk], eos)
         t0 = time.process_time()
         prefill = record_prefill(model, ids, mask)
         cpu["prefill"] += time.process_time() - t0
-        for name, ratio, cls in arms:
-            label = name if ratio is None else f"{name}@{ratio:g}"
+        for (_, ratio, cls), label in zip(arms, labels, strict=True):
             policy = FullCache() if cls is None else cls()
             budget = (
                 None if ratio is None else max(policy.sinks + policy.window, math.ceil(ratio * ids.shape[1]))
@@ -145,55 +188,25 @@ def run_accuracy(
                 eos_token_id=eos,
                 pad_token_id=eos,
             )
-            cpu[label] = cpu.get(label, 0.0) + time.process_time() - t0
-            peak[label] = max(peak.get(label, 0), out.peak_cache_bytes)
+            cpu[label] += time.process_time() - t0
+            peak[label] = max(peak[label], out.peak_cache_bytes)
             texts = tokenizer.batch_decode(out.sequences[:, ids.shape[1] :], skip_special_tokens=True)
             for i, text in zip(chunk, texts, strict=True):
-                correct.setdefault(label, [0.0] * len(examples))[i] = first_number_score(text, examples[i])
-                completions.setdefault(label, [""] * len(examples))[i] = text
-                budgets.setdefault(label, [0] * len(examples))[i] = budget or 0
+                correct[label][i] = first_number_score(text, examples[i])
+                completions[label][i] = text
+                budgets[label][i] = budget or 0
         del prefill
-        done = min(start + batch_size, len(order))
+        done = order[: start + len(chunk)]
         print(
-            f"{task}: {done}/{len(order)} " + " ".join(f"{k}={sum(v):.0f}" for k, v in correct.items()),
+            f"{task}: {len(done)}/{len(order)} " + " ".join(f"{k}={sum(correct[k]):.0f}" for k in labels),
             flush=True,
         )
-    lengths = [len(e) for e in encoded]
-    depths = [round(float(ex.metadata["needle_depth"]), 2) for ex in examples]
-    rows = []
-    for name, ratio, _ in arms:
-        label = name if ratio is None else f"{name}@{ratio:g}"
-        row = {"arm": label, "policy": name, "ratio": ratio, **_summary(correct[label])}
-        if task == "needle":
-            row["by_depth"] = {
-                f"{d:g}": _summary(
-                    [c for c, ex in zip(correct[label], examples, strict=True) if _depth(ex) == d]
-                )
-                for d in DEPTHS
-            }
-        row["peak_cache_bytes"] = peak[label]
-        row["mean_budget_fraction"] = (
-            None
-            if ratio is None
-            else statistics.fmean(b / n for b, n in zip(budgets[label], lengths, strict=True))
-        )
-        row["cpu_seconds"] = round(cpu[label], 1)
-        row["per_prompt_correct"] = correct[label]
-        row["completions_first_10"] = completions[label][:10]
-        rows.append(row)
-        print(f"{task} {label:18s} {row['accuracy']:.3f} {row['wilson95']}", flush=True)
-    return {
-        "task": task,
-        "n": len(examples),
-        "haystack_words": words,
-        "seed": seed,
-        "prompt_tokens": {"mean": statistics.fmean(lengths), "min": min(lengths), "max": max(lengths)},
-        "needle_depths": sorted(set(depths)),
-        "per_prompt_depth": [_depth(ex) if task == "needle" else None for ex in examples],
-        "answers_first_10": [ex.answer for ex in examples[:10]],
-        "prefill_cpu_seconds": round(cpu["prefill"], 1),
-        "rows": rows,
-    }
+        if progress is not None:
+            progress(report(done))
+    result = report(order)
+    for row in result["rows"]:
+        print(f"{task} {row['arm']:18s} {row['accuracy']:.3f} {row['wilson95']}", flush=True)
+    return result
 
 
 def _depth(example: Example) -> float:
@@ -341,8 +354,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--words", type=int, default=380, help="filler words (~512 tokens with SmolLM2)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=12)
-    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=11)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--merge", type=Path, nargs="+", help="combine these part files into --out")
     args = parser.parse_args(argv)
@@ -371,12 +384,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         if "accuracy" in args.parts:
             if len(args.n) != len(args.tasks):
                 raise SystemExit("--n needs one count per --tasks entry")
-            result["accuracy"] = [
-                run_accuracy(
-                    model, tokenizer, task, n, args.words, args.seed, args.batch_size, args.max_new_tokens
+            result["accuracy"] = []
+
+            def progress(part: dict[str, Any]) -> None:  # a partial file after every batch
+                partial = {**result, "accuracy": [*result["accuracy"], part]}
+                partial["cpu_seconds"] = round(time.process_time() - start, 1)
+                args.out.with_suffix(".partial.json").write_text(
+                    json.dumps(_finite(partial), indent=2) + "\n"
                 )
-                for task, n in zip(args.tasks, args.n, strict=True)
-            ]
+
+            for task, n in zip(args.tasks, args.n, strict=True):
+                result["accuracy"].append(
+                    run_accuracy(
+                        model,
+                        tokenizer,
+                        task,
+                        n,
+                        args.words,
+                        args.seed,
+                        args.batch_size,
+                        args.max_new_tokens,
+                        progress,
+                    )
+                )
         if "timing" in args.parts:
             result["timing"] = run_timing(model, tokenizer, args.lengths, args.seed)
         result["cpu_seconds"] = round(time.process_time() - start, 1)
