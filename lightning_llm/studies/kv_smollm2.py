@@ -285,6 +285,7 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"two {part['task']} parts with seed {part['seed']}")
         into["seed"].append(part["seed"])
         into["n"] += part["n"]
+        into["complete"] = bool(into.get("complete", True) and part.get("complete", True))
         into["prefill_cpu_seconds"] = round(into["prefill_cpu_seconds"] + part["prefill_cpu_seconds"], 1)
         into["per_prompt_depth"] += part["per_prompt_depth"]
         into["prompt_tokens_parts"].append(part["prompt_tokens"])
