@@ -160,7 +160,7 @@ def accuracy_under_budget(
     ``ceil(budget_ratio · prompt tokens)``, at least ``sinks + window``), chosen by ``policy``.
 
     Prompts are rendered with the chat template as in training, sorted by length and run ``batch_size`` at a time,
-    left-padded; with ``budget_ratio`` a batch's budget is the ratio of its longest prompt (sorting keeps a batch's
+    left-padded (prompts of equal length only with a ``memory``, which padding does not support); with ``budget_ratio`` a batch's budget is the ratio of its longest prompt (sorting keeps a batch's
     lengths close), the same for every policy. Generation stops at the tokenizer's eos. ``scorer(completion,
     example)`` replaces ``task.score`` (e.g. for a model that does not use the task's answer format).
     """
@@ -181,8 +181,18 @@ def accuracy_under_budget(
     peak, evicted_fraction = 0, 0.0
     eos = tokenizer.eos_token_id
     score = task.score if scorer is None else scorer
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
+    if memory is None:
+        chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    else:  # a latent memory needs unpadded batches: prompts of equal length only
+        by_length: dict[int, list[int]] = {}
+        for i in order:
+            by_length.setdefault(len(encoded[i]), []).append(i)
+        chunks = [
+            g[start : start + batch_size]
+            for g in by_length.values()
+            for start in range(0, len(g), batch_size)
+        ]
+    for chunk in chunks:
         length = max(len(encoded[i]) for i in chunk)
         if not policy.evicts:
             row_budget = None
