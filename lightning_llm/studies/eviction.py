@@ -160,8 +160,9 @@ def accuracy_under_budget(
     ``ceil(budget_ratio · prompt tokens)``, at least ``sinks + window``), chosen by ``policy``.
 
     Prompts are rendered with the chat template as in training, sorted by length and run ``batch_size`` at a time,
-    left-padded (prompts of equal length only with a ``memory``, which padding does not support); with ``budget_ratio`` a batch's budget is the ratio of its longest prompt (sorting keeps a batch's
-    lengths close), the same for every policy. Generation stops at the tokenizer's eos. ``scorer(completion,
+    left-padded (prompts of equal length only with a ``memory``, which padding does not support); with
+    ``budget_ratio`` a batch's budget is the ratio of its longest prompt (sorting keeps a batch's lengths close),
+    the same for every policy. Generation stops at the tokenizer's eos. ``scorer(completion,
     example)`` replaces ``task.score`` (e.g. for a model that does not use the task's answer format).
     """
     if (budget is None) == (budget_ratio is None) and policy.evicts:
