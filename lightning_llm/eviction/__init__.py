@@ -1,7 +1,7 @@
 """Eviction-aware inference (docs/methods.md §11): a budgeted KV cache, eviction policies, ``generate_with_budget``."""
 
 from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, FullCache, LayerStats
-from lightning_llm.eviction.generate import GenerationResult, generate_with_budget
+from lightning_llm.eviction.generate import GenerationResult, Prefill, generate_with_budget, record_prefill
 from lightning_llm.eviction.h2o import H2O
 from lightning_llm.eviction.indexer import IndexerPolicy, LightningIndexer, indexer_kl
 from lightning_llm.eviction.memory import LatentMemory
@@ -19,9 +19,11 @@ __all__ = [
     "LatentMemory",
     "LayerStats",
     "LightningIndexer",
+    "Prefill",
     "SnapKV",
     "StreamingLLM",
     "generate_with_budget",
     "indexer_kl",
     "memory_readout",
+    "record_prefill",
 ]

@@ -30,9 +30,15 @@ O(new x cached) memory per layer (O(prompt^2) at prefill unless a policy asks on
 modules have ``q_proj``, ``head_dim``, ``scaling``, ``layer_idx`` and full rotary embeddings, all layers full
 attention (Llama, Mistral without sliding window, Qwen2/2.5, Qwen3).
 
-Batches: every row and KV head keeps exactly ``budget`` tokens (its own choice of which), so tensors stay
-rectangular. Padded (ragged) batches are not supported yet: ``generate_with_budget`` rejects attention masks with
-zeros.
+Batches: every row and KV head keeps exactly ``budget`` slots (its own choice of which), so tensors stay
+rectangular. Left-padded batches: :meth:`BudgetedCache.padded_mask` is told which new tokens are padding before
+each forward and returns the 4D mask for it; pad slots are never attended to (a pad query sees only itself, so its
+hidden state stays finite), count toward no policy score (their attention is masked, pad queries add no mass) and
+are evicted before any real token. A row protects its first ``sinks`` *real* tokens. A row with fewer real tokens
+than ``budget`` keeps all of them plus ``budget - real`` pad slots, which are the first slots of that row in
+every layer and head (pads precede every real token), so one mask serves all layers. The kept real tokens of a
+row are then those the row would keep alone with the same budget (tested: batched answers equal one-at-a-time
+answers).
 """
 
 from __future__ import annotations
@@ -143,6 +149,9 @@ class _BudgetedLayer(DynamicLayer):
         self.evicted = 0
         self.peak_kept = 0
         self.positions: Tensor | None = None
+        #: ``[B, kept]`` pad flags of the kept slots (left-padded batches only) and ``[B]`` pads evicted so far.
+        self.pad: Tensor | None = None
+        self.evicted_pads: Tensor | int = 0
 
     @property
     def kept(self) -> int:
@@ -166,6 +175,8 @@ class _BudgetedLayer(DynamicLayer):
         super().reset()
         self.seen = self.evicted = self.peak_kept = 0
         self.positions = None
+        self.pad = None
+        self.evicted_pads = 0
 
 
 def check_model(model: torch.nn.Module, needs_attention: bool) -> dict[int, torch.nn.Module]:
@@ -251,6 +262,8 @@ class BudgetedCache(DynamicCache):
         self._bytes = [0] * num_layers
         self._pending: dict[int, tuple[Tensor, float]] = {}
         self.attended: dict[int, tuple[Tensor, int]] = {}
+        #: ``[B, q]`` pad flags of the tokens of the current forward (set by :meth:`padded_mask`).
+        self._new_pad: Tensor | None = None
         policy.reset()
 
     # -- accounting -------------------------------------------------------------------------------------------
@@ -267,7 +280,42 @@ class BudgetedCache(DynamicCache):
         self._bytes = [0] * len(self.layers)
         self._pending.clear()
         self.attended.clear()
+        self._new_pad = None
         self.policy.reset()
+
+    # -- padding ----------------------------------------------------------------------------------------------
+    @property
+    def padded(self) -> bool:
+        """Whether this cache holds (or was told of) left padding."""
+        return self._new_pad is not None
+
+    def padded_mask(self, new_is_pad: Tensor, dtype: torch.dtype) -> Tensor:
+        """The additive 4D attention mask ``[B, 1, q, kept + q]`` of the next forward, whose ``q`` new tokens have
+        pad flags ``new_is_pad`` ``[B, q]`` (left padding: pads only before a row's first real token).
+
+        A real query sees every kept real slot and the real new tokens up to itself; a pad query sees only itself.
+        Pass the result as the model's ``attention_mask`` (a 4D mask is used as is). Records the flags for the
+        following :meth:`update` of every layer.
+        """
+        if new_is_pad.ndim != 2:
+            raise ValueError(f"new_is_pad must be [batch, new tokens], got shape {tuple(new_is_pad.shape)}")
+        new_is_pad = new_is_pad.bool()
+        b, q = new_is_pad.shape
+        layer = self.layers[0]
+        kept = layer.kept if layer.is_initialized else 0
+        # every layer holds the same pad flags between forwards (pads are the first slots of a row)
+        old_pad = layer.pad if layer.pad is not None else new_is_pad.new_zeros((b, kept))
+        if old_pad.shape != (b, kept):
+            raise ValueError(f"cache holds {tuple(old_pad.shape)} slots, the new tokens are for batch {b}")
+        dev = new_is_pad.device
+        causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
+        new_ok = causal[None] & ~new_is_pad[:, None, :]
+        new_ok = new_ok | torch.eye(q, dtype=torch.bool, device=dev)[None]
+        old_ok = (~old_pad)[:, None, :].expand(b, q, kept) & ~new_is_pad[:, :, None]
+        allowed = torch.cat([old_ok, new_ok], dim=-1)[:, None]
+        self._new_pad = new_is_pad
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
+        return mask.masked_fill(~allowed, torch.finfo(dtype).min)
 
     # -- query capture ----------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -285,6 +333,11 @@ class BudgetedCache(DynamicCache):
             for h in handles:
                 h.remove()
             self._pending.clear()
+
+    def set_queries(self, layer_idx: int, queries: Tensor, scaling: float) -> None:
+        """Give the next update of layer ``layer_idx`` its new rotated queries ``[B, Hq, q, D]`` (what the hooks
+        of :meth:`attach` capture during a forward), e.g. to replay a recorded prefill."""
+        self._pending[int(layer_idx)] = (queries, float(scaling))
 
     def _capture_queries(self, module, args, kwargs) -> None:
         self._pending[int(module.layer_idx)] = (
@@ -307,9 +360,19 @@ class BudgetedCache(DynamicCache):
         return logits.masked_fill(masked, -math.inf).reshape(b, hq, n, s)
 
     @staticmethod
-    def attention_probs(queries: Tensor, keys: Tensor, scaling: float, last: int | None = None) -> Tensor:
-        """Causal softmax attention ``[B, Hq, q', S]``: the softmax of :meth:`attention_logits`."""
-        return BudgetedCache.attention_logits(queries, keys, scaling, last).softmax(dim=-1)
+    def attention_probs(
+        queries: Tensor, keys: Tensor, scaling: float, last: int | None = None, pad: Tensor | None = None
+    ) -> Tensor:
+        """Causal softmax attention ``[B, Hq, q', S]``: the softmax of :meth:`attention_logits`. With ``pad``
+        ``[B, S]`` (pad flags of the slots, the new tokens last), pad slots get no attention and pad queries
+        attend to nothing (their rows are zero)."""
+        logits = BudgetedCache.attention_logits(queries, keys, scaling, last)
+        if pad is None:
+            return logits.softmax(dim=-1)
+        n = logits.shape[2]
+        query_pad = pad[:, pad.shape[1] - n :][:, None, :, None]  # the last n slots are the last n queries
+        logits = logits.masked_fill(pad[:, None, None, :], -math.inf).masked_fill(query_pad, 0.0)
+        return logits.softmax(dim=-1).masked_fill(query_pad, 0.0)
 
     # -- the update -------------------------------------------------------------------------------------------
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
@@ -326,7 +389,17 @@ class BudgetedCache(DynamicCache):
         positions = torch.cat([layer.positions, new_pos], dim=-1)
         layer.seen += q
         pending = self._pending.pop(layer_idx, None)
-
+        pad = None
+        if self.padded:
+            new_pad = self._new_pad
+            if new_pad is None or new_pad.shape != (b, q):
+                raise RuntimeError(f"padded cache: call padded_mask for the {q} new tokens of this forward")
+            old_pad = layer.pad if layer.pad is not None else new_pad.new_zeros((b, 0))
+            pad = torch.cat([old_pad, new_pad], dim=-1)
+            # true positions: a row's slot index minus its pads (pads precede every real token); pads are -1
+            num_pads = pad.sum(dim=-1) + layer.evicted_pads
+            new_pos = (new_pos - num_pads[:, None, None]).masked_fill(new_pad[:, None, :], -1)
+            positions = torch.cat([layer.positions, new_pos], dim=-1)
         policy = self.policy
         kept_k, kept_v, kept_p = keys, values, positions
         if policy.evicts:
@@ -337,11 +410,11 @@ class BudgetedCache(DynamicCache):
                         f"{policy!r} needs the attention queries: run the model inside `with cache.attach(model):`"
                     )
                 queries, scaling = pending
-                attention = self.attention_probs(queries, keys, scaling, policy.attention_queries)
+                attention = self.attention_probs(queries, keys, scaling, policy.attention_queries, pad)
             scores = policy.score(layer_idx, keys, values, queries, attention)
             s = keys.shape[-2]
             if s > self.budget:
-                keep = self._select(scores, s)
+                keep = self._select(scores, s) if pad is None else self._select_padded(scores, s, pad)
                 keep_mask = torch.zeros((b, h, s), dtype=torch.bool, device=keys.device)
                 keep_mask.scatter_(-1, keep, True)
                 drop = (~keep_mask).nonzero()[:, 2].view(b, h, s - self.budget)
@@ -354,6 +427,12 @@ class BudgetedCache(DynamicCache):
                 )
                 layer.evicted += s - self.budget
                 policy.prune(layer_idx, keep)
+                if pad is not None:
+                    kept_pad = pad.gather(-1, keep[:, 0])
+                    layer.evicted_pads = layer.evicted_pads + pad.sum(dim=-1) - kept_pad.sum(dim=-1)
+                    pad = kept_pad
+        if pad is not None:
+            layer.pad = pad
         layer.keys, layer.values, layer.positions = kept_k, kept_v, kept_p
         # What this forward attends to (the pre-eviction set) and its new-token count, for a memory that
         # weighs its readout against the attended mass (LatentMemory(mode="softmax")); dropped by the next update.
@@ -376,6 +455,21 @@ class BudgetedCache(DynamicCache):
         fixed = torch.cat([torch.arange(sinks, device=dev), torch.arange(s - window, s, device=dev)])
         keep = torch.cat([fixed.expand(b, h, -1), top], dim=-1)
         return keep.sort(dim=-1).values
+
+    def _select_padded(self, scores: Tensor, s: int, pad: Tensor) -> Tensor:
+        """:meth:`_select` row by row on each row's real slots (its last ``s - pads`` slots); a row with at most
+        ``budget`` real slots keeps them all and its last ``budget - real`` pad slots."""
+        rows = []
+        for row in range(scores.shape[0]):
+            pads = int(pad[row].sum())
+            real = s - pads
+            if real > self.budget:
+                rows.append(self._select(scores[row : row + 1, :, pads:], real) + pads)
+            else:
+                rows.append(
+                    torch.arange(s - self.budget, s, device=scores.device).expand(1, scores.shape[1], -1)
+                )
+        return torch.cat(rows, dim=0)
 
 
 def _gather(x: Tensor, idx: Tensor) -> Tensor:

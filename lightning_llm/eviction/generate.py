@@ -8,17 +8,26 @@ position arithmetic), which changes between transformers releases and assumes ke
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from lightning_llm.backbones import eval_mode
 from lightning_llm.backbones.inspect import cache_kwarg
-from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, LayerStats, OnEvict, check_model
+from lightning_llm.eviction.base import (
+    BudgetedCache,
+    EvictionPolicy,
+    FullCache,
+    LayerStats,
+    OnEvict,
+    check_model,
+    rotated_queries,
+)
 from lightning_llm.eviction.memory import LatentMemory
 
-__all__ = ["GenerationResult", "generate_with_budget"]
+__all__ = ["GenerationResult", "Prefill", "generate_with_budget", "record_prefill"]
 
 _SUPPORTED = ("temperature", "top_k", "top_p", "eos_token_id", "pad_token_id", "generator", "output_logits")
 
@@ -27,12 +36,99 @@ _SUPPORTED = ("temperature", "top_k", "top_p", "eos_token_id", "pad_token_id", "
 class GenerationResult:
     """``sequences`` ``[B, prompt + new]``; ``cache_stats`` per layer; ``peak_cache_bytes``: the largest total size
     of the stored keys + values over the run (after each eviction; the transient concatenation of one layer's new
-    tokens is not counted); ``logits`` ``[B, new, V]`` (float32) when ``output_logits=True``."""
+    tokens is not counted); ``logits`` ``[B, new, V]`` (float32) when ``output_logits=True``;
+    ``step_seconds``/``step_cpu_seconds``: wall-clock and process CPU seconds of each forward (the first is the
+    prefill, or the compression of a recorded :class:`Prefill`)."""
 
     sequences: Tensor
     cache_stats: list[LayerStats]
     peak_cache_bytes: int
     logits: Tensor | None = None
+    step_seconds: list[float] = field(default_factory=list)
+    step_cpu_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Prefill:
+    """One prompt forward, recorded by :func:`record_prefill` so that :func:`generate_with_budget` can compress it
+    under several policies and budgets without re-running it: the eviction at the end of a prefill depends only
+    on the prompt's keys, values and (rotated) queries, none of which depend on the policy."""
+
+    input_ids: Tensor
+    attention_mask: Tensor | None
+    logits: Tensor  # [B, V] float32, at the last prompt position
+    keys: list[Tensor]
+    values: list[Tensor]
+    queries: list[tuple[Tensor, float]]
+
+
+@torch.no_grad()
+def record_prefill(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None
+) -> Prefill:
+    """Run the prompt once (left padding as in :func:`generate_with_budget`) and keep, per layer, its keys, values
+    and RoPE-rotated queries (``[B, Hq, L, D]``, with the module's scaling): about ``(2 Hkv + Hq) · D · L · B``
+    floats per layer. Pass the result as ``generate_with_budget(..., prefill=...)``."""
+    is_pad = _check_inputs(input_ids, attention_mask)
+    modules = check_model(model, needs_attention=True)
+    num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    cache = BudgetedCache(FullCache(), None, num_layers)
+    queries: dict[int, tuple[Tensor, float]] = {}
+
+    def capture(module, args, kwargs):
+        queries[int(module.layer_idx)] = (
+            rotated_queries(module, args, kwargs).detach(),
+            float(module.scaling),
+        )
+
+    handles = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in modules.values()]
+    bsz, length = input_ids.shape
+    positions = torch.arange(length, device=input_ids.device).expand(bsz, -1)
+    mask_kw = {}
+    if is_pad is not None:
+        positions = (positions - is_pad.sum(dim=-1, keepdim=True)).clamp(min=0)
+        mask_kw["attention_mask"] = cache.padded_mask(is_pad, model.dtype)
+    try:
+        with eval_mode(model):
+            out = model(
+                input_ids=input_ids,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **mask_kw,
+                **{cache_kwarg(model): cache},
+            )
+    finally:
+        for h in handles:
+            h.remove()
+    return Prefill(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        logits=out.logits[:, -1].float(),
+        keys=[layer.keys for layer in cache.layers],
+        values=[layer.values for layer in cache.layers],
+        queries=[queries[i] for i in range(num_layers)],
+    )
+
+
+def _check_inputs(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
+    """Validate the prompt batch; return its pad flags ``[B, L]`` (``None`` when unpadded)."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+        )
+    real = attention_mask.bool()
+    if bool(real.all()):
+        return None
+    if bool((real[:, :-1] & ~real[:, 1:]).any()):
+        raise ValueError("padded batches must be left-padded: a 0 in attention_mask after a 1")
+    if not bool(real[:, -1].all()):
+        raise ValueError("every row of attention_mask needs at least one real token")
+    return ~real
 
 
 def _memory_hook(memory) -> OnEvict | None:
@@ -70,6 +166,7 @@ def generate_with_budget(
     max_new_tokens: int,
     do_sample: bool = False,
     memory=None,
+    prefill: Prefill | None = None,
     **generate_kwargs,
 ) -> GenerationResult:
     """Generate ``max_new_tokens`` tokens keeping at most ``budget`` KV entries per layer, chosen by ``policy``.
@@ -82,15 +179,34 @@ def generate_with_budget(
     ``top_p``, ``generator`` (sampling), ``eos_token_id`` (int or list; finished rows are filled with
     ``pad_token_id``, default the first eos id), ``output_logits``; anything else is a ``TypeError``.
 
-    Batches of equal-length prompts are supported; padded prompts (``attention_mask`` with zeros) are not yet.
+    Batches: rows of equal length, or left-padded rows (``attention_mask`` ``[B, L]`` with zeros only before each
+    row's first real token, as a tokenizer with ``padding_side="left"`` gives). Each row then runs at its own
+    positions (0 at its first real token), pad slots are masked out and evicted before any real token, and
+    every row keeps ``budget`` slots (pads included), i.e. at most ``budget`` real tokens: the answers are those
+    of one row at a time with the same budget (up to floating-point ties). ``peak_cache_bytes`` counts the
+    stored slots, pads included. A latent ``memory`` is not supported with padding.
+
+    ``prefill``: a :func:`record_prefill` of this very ``input_ids``/``attention_mask``; its recorded keys,
+    values and queries go through the cache's update as the prefill forward's would (same scores, same
+    eviction) and its logits give the first token, so the result equals a run without it (tested). Not with
+    a ``memory``.
     """
     unknown = set(generate_kwargs) - set(_SUPPORTED)
     if unknown:
         raise TypeError(f"generate_with_budget got unsupported generate kwargs {sorted(unknown)}")
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-    if attention_mask is not None and not bool(attention_mask.bool().all()):
-        raise NotImplementedError("padded batches are not supported yet: pass equal-length prompts")
+    is_pad = _check_inputs(input_ids, attention_mask)
+    if is_pad is not None and memory is not None:
+        raise NotImplementedError("a latent memory is not supported with padded batches")
+    if prefill is not None:
+        if memory is not None:
+            raise NotImplementedError("a latent memory is not supported with a recorded prefill")
+        same_mask = (prefill.attention_mask is None and is_pad is None) or (
+            prefill.attention_mask is not None
+            and attention_mask is not None
+            and torch.equal(prefill.attention_mask.bool(), attention_mask.bool())
+        )
+        if not (torch.equal(prefill.input_ids, input_ids) and same_mask):
+            raise ValueError("prefill was recorded for other input_ids or another attention_mask")
     check_model(model, policy.needs_attention)
     eos = generate_kwargs.get("eos_token_id")
     eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
@@ -113,18 +229,20 @@ def generate_with_budget(
         readout = memory.attach(model)
     else:
         readout = contextlib.nullcontext()
+    num_pads = None if is_pad is None else is_pad.sum(dim=-1, keepdim=True)
+    new_is_pad = is_pad
+    step_seconds, step_cpu_seconds = [], []
     with eval_mode(model), cache.attach(model), readout:
-        for _ in range(max_new_tokens):
-            seen = cache.get_seq_length()
-            positions = torch.arange(seen, seen + next_input.shape[1], device=device).expand(bsz, -1)
-            out = model(
-                input_ids=next_input,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **{cache_kw: cache},
-            )
-            logits = out.logits[:, -1].float()
+        for step in range(max_new_tokens):
+            wall, cpu = time.perf_counter(), time.process_time()
+            if step == 0 and prefill is not None:
+                logits = _replay(cache, prefill, new_is_pad, model.dtype)
+            else:
+                logits = _forward(model, cache, cache_kw, next_input, num_pads, new_is_pad)
+            if is_pad is not None:  # decoded tokens are never padding
+                new_is_pad = torch.zeros((bsz, 1), dtype=torch.bool, device=device)
+            step_seconds.append(time.perf_counter() - wall)
+            step_cpu_seconds.append(time.process_time() - cpu)
             if output_logits:
                 step_logits.append(logits)
             if do_sample:
@@ -149,4 +267,37 @@ def generate_with_budget(
         cache_stats=cache.stats(),
         peak_cache_bytes=cache.peak_bytes,
         logits=torch.stack(step_logits, dim=1) if output_logits else None,
+        step_seconds=step_seconds,
+        step_cpu_seconds=step_cpu_seconds,
     )
+
+
+def _forward(model, cache: BudgetedCache, cache_kw: str, next_input: Tensor, num_pads, new_is_pad) -> Tensor:
+    """One forward of ``next_input`` through ``cache``; the float32 logits ``[B, V]`` of its last position."""
+    bsz = next_input.shape[0]
+    seen = cache.get_seq_length()
+    positions = torch.arange(seen, seen + next_input.shape[1], device=next_input.device).expand(bsz, -1)
+    mask_kw = {}
+    if num_pads is not None:
+        positions = (positions - num_pads).clamp(min=0)
+        mask_kw["attention_mask"] = cache.padded_mask(new_is_pad, model.dtype)
+    out = model(
+        input_ids=next_input,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **mask_kw,
+        **{cache_kw: cache},
+    )
+    return out.logits[:, -1].float()
+
+
+def _replay(cache: BudgetedCache, prefill: Prefill, is_pad: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """Feed a recorded prefill through ``cache.update`` layer by layer, as its forward would; its logits."""
+    if is_pad is not None:
+        cache.padded_mask(is_pad, dtype)
+    for layer_idx, (keys, values) in enumerate(zip(prefill.keys, prefill.values, strict=True)):
+        if cache.policy.needs_attention:
+            cache.set_queries(layer_idx, *prefill.queries[layer_idx])
+        cache.update(keys, values, layer_idx)
+    return prefill.logits

@@ -24,18 +24,33 @@ class SnapKV(EvictionPolicy):
     tokens go first, and only once the prompt is down to its sinks do generated tokens leave, oldest first. (The
     paper compresses the prompt once and keeps all generated tokens; this is its nearest behaviour under a hard
     budget.)
+
+    ``pooling``: ``"max"`` (default, as above) max-pools the votes over *all* prompt positions, so the
+    observation window's own votes spill into the last ``kernel_size // 2`` positions before it. ``"avg_prefix"``
+    is kvpress's definition (``SnapKVPress``, 0.5): the votes of the positions before the observation window are
+    average-pooled among themselves only (zero padding at the ends, as ``avg_pool1d``), and the observation
+    window's own positions score above every one of them, so they are kept first. (kvpress averages where we sum,
+    over the window's queries and the KV group; the ranking is the same.)
     """
 
     needs_attention = True
 
     def __init__(
-        self, sinks: int = 4, window: int = 16, observation_window: int = 32, kernel_size: int = 5
+        self,
+        sinks: int = 4,
+        window: int = 16,
+        observation_window: int = 32,
+        kernel_size: int = 5,
+        pooling: str = "max",
     ) -> None:
         super().__init__(sinks=sinks, window=window)
         if observation_window < 1:
             raise ValueError(f"observation_window must be >= 1, got {observation_window}")
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be odd and >= 1, got {kernel_size}")
+        if pooling not in ("max", "avg_prefix"):
+            raise ValueError(f"pooling must be 'max' or 'avg_prefix', got {pooling!r}")
+        self.pooling = pooling
         self.observation_window = int(observation_window)
         self.kernel_size = int(kernel_size)
         self.attention_queries = self.observation_window
@@ -51,8 +66,16 @@ class SnapKV(EvictionPolicy):
         b, _, _, s = attention.shape
         votes = attention.sum(dim=2).reshape(b, num_kv_heads, -1, s).sum(dim=2)
         k = self.kernel_size
-        pooled = F.max_pool1d(votes.reshape(-1, 1, s), kernel_size=k, stride=1, padding=k // 2)
-        return pooled.reshape(b, num_kv_heads, s)
+        if self.pooling == "max":
+            pooled = F.max_pool1d(votes.reshape(-1, 1, s), kernel_size=k, stride=1, padding=k // 2)
+            return pooled.reshape(b, num_kv_heads, s)
+        w = min(self.observation_window, s)
+        prefix = votes[..., : s - w].reshape(-1, 1, s - w)
+        pooled = F.avg_pool1d(prefix, kernel_size=k, stride=1, padding=k // 2) if s > w else prefix
+        # a vote is at most (queries x group) = the window's bound; the window's own slots rank above it
+        top = float(attention.shape[1] // num_kv_heads * attention.shape[2]) + 1.0
+        window_scores = votes.new_full((b * num_kv_heads, 1, w), top)
+        return torch.cat([pooled, window_scores], dim=-1).reshape(b, num_kv_heads, s)
 
     def score(self, layer_idx, keys: Tensor, values, queries, attention: Tensor) -> Tensor:
         b, hkv, s = keys.shape[:3]

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,12 +154,16 @@ def accuracy_under_budget(
     max_new_tokens: int = 6,
     batch_size: int = 32,
     system_prompt: str | None = None,
+    scorer: Callable[[str, Example], float] | None = None,
 ) -> BudgetResult:
     """Greedy accuracy of ``model`` on ``examples`` when its KV cache keeps ``budget`` tokens per layer (or
     ``ceil(budget_ratio · prompt tokens)``, at least ``sinks + window``), chosen by ``policy``.
 
-    Prompts are rendered with the chat template as in training; prompts of equal length are batched together
-    (``generate_with_budget`` takes no padding). Generation stops at the tokenizer's eos.
+    Prompts are rendered with the chat template as in training, sorted by length and run ``batch_size`` at a time,
+    left-padded (prompts of equal length only with a ``memory``, which padding does not support); with
+    ``budget_ratio`` a batch's budget is the ratio of its longest prompt (sorting keeps a batch's lengths close),
+    the same for every policy. Generation stops at the tokenizer's eos. ``scorer(completion,
+    example)`` replaces ``task.score`` (e.g. for a model that does not use the task's answer format).
     """
     if (budget is None) == (budget_ratio is None) and policy.evicts:
         raise ValueError("give exactly one of budget and budget_ratio")
@@ -171,44 +174,58 @@ def accuracy_under_budget(
         tokenizer(render_prompt(tokenizer, ex.prompt, system_prompt), add_special_tokens=False)["input_ids"]
         for ex in examples
     ]
-    groups: dict[int, list[int]] = defaultdict(list)
-    for index, ids in enumerate(encoded):
-        groups[len(ids)].append(index)
+    order = sorted(range(len(examples)), key=lambda index: (len(encoded[index]), index))
     floor = policy.sinks + policy.window
     correct = [0.0] * len(examples)
     budgets = [0] * len(examples)
     completions = [""] * len(examples)
     peak, evicted_fraction = 0, 0.0
     eos = tokenizer.eos_token_id
-    for length, indices in sorted(groups.items()):
+    score = task.score if scorer is None else scorer
+    if memory is None:
+        chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    else:  # a latent memory needs unpadded batches: prompts of equal length only
+        by_length: dict[int, list[int]] = {}
+        for i in order:
+            by_length.setdefault(len(encoded[i]), []).append(i)
+        chunks = [
+            g[start : start + batch_size]
+            for g in by_length.values()
+            for start in range(0, len(g), batch_size)
+        ]
+    for chunk in chunks:
+        length = max(len(encoded[i]) for i in chunk)
         if not policy.evicts:
             row_budget = None
         elif budget is not None:
             row_budget = int(budget)
         else:
             row_budget = max(floor, math.ceil(budget_ratio * length))
-        for start in range(0, len(indices), batch_size):
-            chunk = indices[start : start + batch_size]
-            ids = torch.tensor([encoded[i] for i in chunk], device=device)
-            out = generate_with_budget(
-                model,
-                ids,
-                policy=policy,
-                budget=row_budget,
-                max_new_tokens=max_new_tokens,
-                memory=memory,
-                eos_token_id=eos,
-                pad_token_id=eos,
-            )
-            peak = max(peak, out.peak_cache_bytes)
-            stats = out.cache_stats[0]
-            evicted_fraction += len(chunk) * stats.evicted / max(stats.seen, 1)
-            texts = tokenizer.batch_decode(out.sequences[:, length:], skip_special_tokens=False)
-            for i, text in zip(chunk, texts, strict=True):
-                text = text.split(tokenizer.eos_token)[0] if tokenizer.eos_token else text
-                completions[i] = text
-                correct[i] = float(task.score(text, examples[i]))
-                budgets[i] = row_budget if row_budget is not None else length + max_new_tokens
+        ids = torch.full((len(chunk), length), eos, dtype=torch.long)
+        mask = torch.zeros((len(chunk), length), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            ids[row, length - len(encoded[i]) :] = torch.tensor(encoded[i])
+            mask[row, length - len(encoded[i]) :] = 1
+        out = generate_with_budget(
+            model,
+            ids.to(device),
+            mask.to(device) if not bool(mask.all()) else None,
+            policy=policy,
+            budget=row_budget,
+            max_new_tokens=max_new_tokens,
+            memory=memory,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
+        peak = max(peak, out.peak_cache_bytes)
+        stats = out.cache_stats[0]
+        evicted_fraction += len(chunk) * stats.evicted / max(stats.seen, 1)
+        texts = tokenizer.batch_decode(out.sequences[:, length:], skip_special_tokens=False)
+        for i, text in zip(chunk, texts, strict=True):
+            text = text.split(tokenizer.eos_token)[0] if tokenizer.eos_token else text
+            completions[i] = text
+            correct[i] = float(score(text, examples[i]))
+            budgets[i] = row_budget if row_budget is not None else len(encoded[i]) + max_new_tokens
     n = max(len(examples), 1)
     return BudgetResult(
         accuracy=sum(correct) / n,

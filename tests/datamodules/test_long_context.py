@@ -15,7 +15,12 @@ from lightning_llm.datamodules.tasks import (
     available_tasks,
     split_train_val,
 )
-from lightning_llm.datamodules.tasks.long_context import _FILLER_WORDS, LONG_CONTEXT_TASKS, NEEDLE_KEYS
+from lightning_llm.datamodules.tasks.long_context import (
+    _FILLER_WORDS,
+    LONG_CONTEXT_TASKS,
+    NEEDLE_KEYS,
+    prose_sentences,
+)
 
 _TASKS = [
     AssociativeRecallTask(),
@@ -276,3 +281,32 @@ def test_datamodule_rejects_other_tasks(task):
 def test_datamodule_passes_bad_task_parameters_through_to_the_task():
     with pytest.raises(ValueError, match="num_needles"):
         NeedleDataModule(task="multikey_needle", task_kwargs={"num_needles": 0})
+
+
+@pytest.mark.parametrize("cls", [NeedleTask, MultiKeyNeedleTask])
+@pytest.mark.parametrize("words", [1, 60, 2500])  # 2500 > the corpus: it wraps around
+def test_prose_filler_is_consecutive_corpus_text_with_exactly_the_requested_words(cls, words):
+    corpus = " ".join(prose_sentences())
+    for example in cls(haystack_words=words, filler="prose").generate(5, seed=1):
+        meta = example.metadata
+        assert meta["filler"] == "prose"
+        context = example.prompt[: meta["context_chars"]]
+        for start in sorted(meta["needle_char_starts"], reverse=True):  # cut every needle sentence out
+            end = context.index(".", start) + 1
+            context = context[:start] + context[end + 1 :]
+        assert len(context.split()) == words
+        assert not set(context.replace(".", " ").replace(",", " ").split()) & set(NEEDLE_KEYS)
+        assert not any(character.isdigit() for character in context)
+        if words == 60:  # one stretch of the corpus (cut at the last word), not templated sentences
+            assert context.strip().rstrip(".").rstrip(",;:") in corpus + " " + corpus
+
+
+def test_prose_corpus_and_filler_option():
+    sentences = prose_sentences()
+    assert len(sentences) > 80 and sum(len(s.split()) for s in sentences) > 1500
+    text = " ".join(sentences).lower()
+    assert "code" not in text.split() and not any(c.isdigit() for c in text)
+    with pytest.raises(ValueError, match="filler"):
+        NeedleTask(filler="lorem")
+    with pytest.raises(ValueError, match="filler"):
+        MultiKeyNeedleTask(filler="lorem")

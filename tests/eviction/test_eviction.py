@@ -17,6 +17,7 @@ from lightning_llm.eviction import (
     SnapKV,
     StreamingLLM,
     generate_with_budget,
+    record_prefill,
 )
 
 PROMPT = 30  # the length of the `prompt` fixture (conftest.py)
@@ -177,6 +178,23 @@ def test_snapkv_keeps_observation_window_votes(model, prompt, eager_attentions):
         assert not torch.equal(keep[0, 0], _streaming_keep(sinks, window, budget))  # not trivially recency
 
 
+def test_snapkv_avg_prefix_pools_only_the_prefix_like_kvpress(model, prompt, eager_attentions):
+    sinks, window, budget, obs, kernel = 4, 4, 16, 6, 3
+    policy = SnapKV(sinks, window, observation_window=obs, kernel_size=kernel, pooling="avg_prefix")
+    cache = BudgetedCache(policy, budget, 4)
+    _forward(model, cache, prompt, 0)
+    for layer, attn in enumerate(eager_attentions):
+        votes = _group_sum(attn[:, :, -obs:].sum(dim=2))[0, :, : PROMPT - obs]  # [Hkv, S - obs], prefix only
+        padded = torch.nn.functional.pad(votes, (1, 1), value=0.0)
+        pooled = torch.stack([padded[:, i : i + kernel].mean(dim=-1) for i in range(PROMPT - obs)], dim=-1)
+        scores = torch.cat([pooled, torch.full((pooled.shape[0], obs), 1e3)], dim=-1)  # window kept first
+        keep = _expected_keep(scores[None], sinks, window, budget)
+        assert torch.equal(cache.kept_positions(layer), keep)
+        assert set(range(PROMPT - obs, PROMPT)) <= set(keep[0, 0].tolist())
+    with pytest.raises(ValueError, match="pooling"):
+        SnapKV(pooling="mean")
+
+
 def test_errors(model, prompt):
     with pytest.raises(ValueError, match="budget"):
         generate_with_budget(model, prompt, policy=StreamingLLM(4, 8), budget=11, max_new_tokens=1)
@@ -195,9 +213,14 @@ def test_errors(model, prompt):
     Sliding.config.layer_types = ["sliding_attention"] * 4
     with pytest.raises(ValueError, match="unsupported model"):
         generate_with_budget(Sliding(), prompt, policy=StreamingLLM(), budget=32, max_new_tokens=1)
-    with pytest.raises(NotImplementedError, match="padded"):
-        mask = torch.ones_like(prompt).index_fill_(1, torch.tensor([0]), 0)
+    with pytest.raises(ValueError, match="left-padded"):
+        mask = torch.ones_like(prompt).index_fill_(1, torch.tensor([3]), 0)
         generate_with_budget(model, prompt, mask, policy=H2O(), budget=32, max_new_tokens=1)
+    with pytest.raises(NotImplementedError, match="memory"):
+        mask = torch.ones_like(prompt).index_fill_(1, torch.tensor([0]), 0)
+        generate_with_budget(
+            model, prompt, mask, policy=H2O(), budget=32, max_new_tokens=1, memory=lambda *a: None
+        )
     with pytest.raises(TypeError, match="num_beams"):
         generate_with_budget(model, prompt, policy=H2O(), budget=32, max_new_tokens=1, num_beams=2)
     with pytest.raises(RuntimeError, match="attach"):  # attention policy without the query hooks
@@ -229,3 +252,40 @@ def test_sampling_and_eos(model, prompt):
         model, prompt, policy=StreamingLLM(4, 8), budget=16, max_new_tokens=5, eos_token_id=eos
     )
     assert stopped.sequences.shape[1] == PROMPT + 1
+
+
+@pytest.mark.parametrize(
+    "policy", [FullCache(), StreamingLLM(4, 8), H2O(4, 8), SnapKV(4, 8, observation_window=8)], ids=repr
+)
+def test_left_padded_batch_equals_one_prompt_at_a_time(model, prompt, policy):
+    # rows of 30, 23, 17 and 11 real tokens under a 16-slot budget: evicting at prefill, at decode only, never
+    lengths = (PROMPT, 23, 17, 11)
+    rows = [prompt[0, PROMPT - n :] for n in lengths]
+    ids = torch.zeros((len(rows), PROMPT), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, PROMPT - len(row) :] = row
+        mask[i, PROMPT - len(row) :] = 1
+    batched = generate_with_budget(
+        model, ids, mask, policy=policy, budget=16, max_new_tokens=8, output_logits=True
+    )
+    for i, row in enumerate(rows):
+        alone = generate_with_budget(
+            model, row[None], policy=policy, budget=16, max_new_tokens=8, output_logits=True
+        )
+        assert torch.equal(batched.sequences[i, PROMPT:], alone.sequences[0, len(row) :])
+        torch.testing.assert_close(batched.logits[i], alone.logits[0])
+    # a recorded prefill replayed through the cache gives exactly the same run
+    prefill = record_prefill(model, ids, mask)
+    replayed = generate_with_budget(
+        model, ids, mask, policy=policy, budget=16, max_new_tokens=8, output_logits=True, prefill=prefill
+    )
+    assert torch.equal(replayed.sequences, batched.sequences)
+    assert torch.equal(replayed.logits, batched.logits)
+    assert (
+        replayed.cache_stats == batched.cache_stats and replayed.peak_cache_bytes == batched.peak_cache_bytes
+    )
+    with pytest.raises(ValueError, match="other input_ids"):
+        generate_with_budget(model, ids, policy=policy, budget=16, max_new_tokens=1, prefill=prefill)
+    last = batched.cache_stats[-1]
+    assert last.seen == PROMPT + 7 and last.kept == (16 if policy.evicts else PROMPT + 7)

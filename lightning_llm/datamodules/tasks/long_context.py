@@ -10,14 +10,23 @@ to its length in symbols and the answer is a copy of tokens the model has seen.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from lightning_llm.datamodules.tasks import Example, Task, extract_answer, register_task
 
-__all__ = ["LONG_CONTEXT_TASKS", "AssociativeRecallTask", "MultiKeyNeedleTask", "NeedleTask"]
+__all__ = [
+    "FILLERS",
+    "LONG_CONTEXT_TASKS",
+    "AssociativeRecallTask",
+    "MultiKeyNeedleTask",
+    "NeedleTask",
+    "prose_sentences",
+]
 
 #: Names of the tasks of this module (``NeedleDataModule`` accepts these).
 LONG_CONTEXT_TASKS = ("associative_recall", "needle", "multikey_needle")
@@ -81,6 +90,39 @@ def _haystack(rng: random.Random, num_words: int) -> list[str]:
             words[-1] += "."
         sentences.append(" ".join(words))
         remaining -= len(words)
+    return sentences
+
+
+#: Filler styles of the needle tasks: the templated sentences above, or natural English prose.
+FILLERS = ("synthetic", "prose")
+
+
+@functools.cache
+def prose_sentences() -> tuple[str, ...]:
+    """The sentences of the shipped natural-English filler corpus (``lightning_llm/assets/needle_prose.txt``).
+
+    The corpus is original prose written for this package: twenty short paragraphs (about 1,600 words) of everyday
+    description (a harbour town, a library, a railway, cooking, weather...), with no digits, no word "code" and
+    none of :data:`NEEDLE_KEYS`, so a needle's key and value occur in a prompt only where the task put them.
+    """
+    text = resources.files("lightning_llm").joinpath("assets/needle_prose.txt").read_text(encoding="utf-8")
+    return tuple(s for s in re.split(r"(?<=[.!?])\s+", " ".join(text.split())) if s)
+
+
+def _prose_haystack(rng: random.Random, num_words: int) -> list[str]:
+    """Consecutive corpus sentences from a random start (wrapping around), ``num_words`` words in total (the
+    last sentence cut short if need be)."""
+    corpus = prose_sentences()
+    index = rng.randrange(len(corpus))
+    sentences: list[str] = []
+    remaining = num_words
+    while remaining > 0:
+        words = corpus[index % len(corpus)].split()[:remaining]
+        if not words[-1].endswith((".", "!", "?")):
+            words[-1] = words[-1].rstrip(",;:") + "."
+        sentences.append(" ".join(words))
+        remaining -= len(words)
+        index += 1
     return sentences
 
 
@@ -255,9 +297,10 @@ def _needle_example(
     needles: list[tuple[str, str]],
     depths: list[float],
     query: int,
+    filler: str = "synthetic",
 ) -> Example:
     """Filler with ``needles`` (key, value) inserted at sentence boundaries nearest ``depths``; asks ``query``."""
-    sentences = _haystack(rng, haystack_words)
+    sentences = _prose_haystack(rng, haystack_words) if filler == "prose" else _haystack(rng, haystack_words)
     # Boundary b is before sentence b (b = len(sentences): at the end); several needles may share one.
     boundaries = [round(depth * len(sentences)) for depth in depths]
     order = sorted(range(len(needles)), key=lambda index: (boundaries[index], index))
@@ -286,11 +329,14 @@ def _needle_example(
             "needle_depth": _depth(starts[query], len(context)),
             "context_chars": len(context),
             "haystack_words": haystack_words,
+            "filler": filler,
         },
     )
 
 
-def _check_needle(task: str, haystack_words: int, value_digits: int) -> None:
+def _check_needle(task: str, haystack_words: int, value_digits: int, filler: str) -> None:
+    if filler not in FILLERS:
+        raise ValueError(f"{task}: filler must be one of {FILLERS}, got {filler!r}")
     if haystack_words < 0:
         raise ValueError(f"{task}: haystack_words must be >= 0, got {haystack_words}")
     if value_digits < 1:
@@ -331,6 +377,9 @@ class NeedleTask(Task):
         haystack_words: Number of filler words, at least 0 (the needle and the question come on top).
         depth: Where the needle goes, a fraction in [0, 1]; None draws it uniformly per example.
         value_digits: Number of digits of the value, at least 1.
+        filler: ``"synthetic"`` (the templated sentences above) or ``"prose"``: consecutive sentences of the
+            shipped natural-English corpus (:func:`prose_sentences`) from a random start, wrapping around (its
+            ~1,600 words repeat beyond that); with the SmolLM2 tokenizer a prose word is about 1.25 tokens.
     """
 
     name = "needle"
@@ -338,9 +387,10 @@ class NeedleTask(Task):
     haystack_words: int = 200
     depth: float | None = None
     value_digits: int = 4
+    filler: str = "synthetic"
 
     def __post_init__(self) -> None:
-        _check_needle(self.name, self.haystack_words, self.value_digits)
+        _check_needle(self.name, self.haystack_words, self.value_digits, self.filler)
         if self.depth is not None and not 0.0 <= self.depth <= 1.0:
             raise ValueError(f"{self.name}: depth must be in [0, 1] or None (random), got {self.depth}")
 
@@ -353,7 +403,7 @@ class NeedleTask(Task):
     def _example(self, rng: random.Random) -> Example:
         depth = rng.random() if self.depth is None else self.depth
         needle = (rng.choice(NEEDLE_KEYS), _random_value(rng, self.value_digits))
-        return _needle_example(self.name, rng, self.haystack_words, [needle], [depth], 0)
+        return _needle_example(self.name, rng, self.haystack_words, [needle], [depth], 0, self.filler)
 
 
 @register_task
@@ -370,6 +420,7 @@ class MultiKeyNeedleTask(Task):
         haystack_words: Number of filler words, at least 0.
         num_needles: Number of needles, 1 to ``len(NEEDLE_KEYS)`` (16).
         value_digits: Number of digits of each value, at least 1 (and enough for distinct values).
+        filler: ``"synthetic"`` or ``"prose"``, as for :class:`NeedleTask`.
     """
 
     name = "multikey_needle"
@@ -377,9 +428,10 @@ class MultiKeyNeedleTask(Task):
     haystack_words: int = 200
     num_needles: int = 4
     value_digits: int = 4
+    filler: str = "synthetic"
 
     def __post_init__(self) -> None:
-        _check_needle(self.name, self.haystack_words, self.value_digits)
+        _check_needle(self.name, self.haystack_words, self.value_digits, self.filler)
         if not 1 <= self.num_needles <= len(NEEDLE_KEYS):
             raise ValueError(
                 f"{self.name}: num_needles must be in [1, {len(NEEDLE_KEYS)}], got {self.num_needles}"
@@ -404,4 +456,4 @@ class MultiKeyNeedleTask(Task):
         depths = [rng.random() for _ in keys]
         query = rng.randrange(self.num_needles)
         needles = list(zip(keys, values, strict=True))
-        return _needle_example(self.name, rng, self.haystack_words, needles, depths, query)
+        return _needle_example(self.name, rng, self.haystack_words, needles, depths, query, self.filler)
