@@ -1,4 +1,5 @@
-"""Text utilities every layer shares: answers in model output, their normalisation, word counts, JSONL records.
+"""Text utilities every layer shares: answers in model output, their normalisation, word counts, JSONL records,
+strict JSON values.
 
 Verifiers and rewards parse strictly with regular expressions and never evaluate model output. This module
 imports nothing of the library.
@@ -7,6 +8,7 @@ imports nothing of the library.
 from __future__ import annotations
 
 import json
+import math
 import re
 import string
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -18,6 +20,7 @@ __all__ = [
     "PromptPrefix",
     "exact_match",
     "extract_answer",
+    "finite_json",
     "length_score",
     "normalize_answer",
     "parse_forecast",
@@ -181,3 +184,15 @@ def read_text_records(
         yield where, record, values
     if empty:
         raise DataSourceError(f"{path}: no documents (empty corpus file)")
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (nested in dicts, lists and tuples) replaced by ``None``, so that
+    ``json.dumps(..., allow_nan=False)`` writes it as strict JSON (``null`` where a figure does not exist)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-from lightning_llm.studies.latent_thoughts import ARMS, evaluate, nan_to_none, summarize, train_arm
+from lightning_llm.studies.latent_thoughts import ARMS, evaluate, summarize, train_arm
+from lightning_llm.text import finite_json
 
 SETTINGS = {
     "ops": "+-",
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("x") as handle:
-        handle.write(json.dumps(nan_to_none(result), indent=2) + "\n")
+        handle.write(json.dumps(finite_json(result), indent=2) + "\n")
     print(f"wrote {args.out}")
 
 

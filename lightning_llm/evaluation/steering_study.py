@@ -55,6 +55,7 @@ from lightning_llm.callbacks import ActivationSteering, train_steering_vector
 from lightning_llm.callbacks.steering import last_token_hidden
 from lightning_llm.evaluation import CylindricalAnalysis, RegexConceptDetector
 from lightning_llm.evaluation.steering import sector_predictability, steerability, steerability_correlation
+from lightning_llm.text import finite_json
 
 __all__ = [
     "CONCEPTS",
@@ -285,17 +286,6 @@ def _spread(values: Sequence[float]) -> dict[str, Any]:
         "min": min(values),
         "max": max(values),
     }
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with NaN / inf floats as None (null), so the file is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _effect(model: Any, tokenizer: Any, args: argparse.Namespace, concept: str, chats: list[str]) -> dict:
@@ -534,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     result = merge(args.merge) if args.merge else run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_finite(result), indent=2, allow_nan=False) + "\n")
+    args.out.write_text(json.dumps(finite_json(result), indent=2, allow_nan=False) + "\n")
     print(f"wrote {args.out}")
 
 

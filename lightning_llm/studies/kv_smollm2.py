@@ -41,6 +41,7 @@ from lightning_llm.backbones import load_backbone
 from lightning_llm.datamodules.sources import render_prompt
 from lightning_llm.datamodules.tasks.long_context import MultiKeyNeedleTask, NeedleTask
 from lightning_llm.eviction import H2O, FullCache, SnapKV, StreamingLLM, generate_with_budget, record_prefill
+from lightning_llm.text import finite_json
 from lightning_llm.types import Example
 
 __all__ = ["first_number_score", "main", "merge", "run_accuracy", "run_timing", "wilson_interval"]
@@ -333,16 +334,6 @@ def _host() -> dict[str, Any]:
     }
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -391,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 partial = {**result, "accuracy": [*result["accuracy"], part]}
                 partial["cpu_seconds"] = round(time.process_time() - start, 1)
                 args.out.with_suffix(".partial.json").write_text(
-                    json.dumps(_finite(partial), indent=2) + "\n"
+                    json.dumps(finite_json(partial), indent=2) + "\n"
                 )
 
             for task, n in zip(args.tasks, args.n, strict=True):
@@ -412,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             result["timing"] = run_timing(model, tokenizer, args.lengths, args.seed)
         result["cpu_seconds"] = round(time.process_time() - start, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_finite(result), indent=2, allow_nan=False) + "\n")
+    args.out.write_text(json.dumps(finite_json(result), indent=2, allow_nan=False) + "\n")
 
 
 if __name__ == "__main__":

@@ -48,9 +48,10 @@ from lightning_llm.callbacks import LatentThoughtsCurriculum
 from lightning_llm.datamodules import ChatSFTDataModule
 from lightning_llm.lora import LoRAConfig
 from lightning_llm.modules import LatentThoughtsModule, latent_collapse
+from lightning_llm.text import finite_json
 from lightning_llm.trainer import quiet_trainer
 
-__all__ = ["ARMS", "evaluate", "merge", "nan_to_none", "run", "summarize", "train_arm"]
+__all__ = ["ARMS", "evaluate", "merge", "run", "summarize", "train_arm"]
 
 ARMS = ("cot", "coconut", "lt_tuning")
 DEFAULT_OUT = Path("benchmarks/results/lt_tuning_smollm2.json")
@@ -307,7 +308,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             del module, data
             if args.partial is not None:  # progress so far, in case the run is cut short
                 args.partial.write_text(
-                    json.dumps(nan_to_none({"settings": settings, "runs": runs}), indent=2) + "\n"
+                    json.dumps(finite_json({"settings": settings, "runs": runs}), indent=2) + "\n"
                 )
     summary = summarize(runs)
     references = _references(args.model, args.ops, args.num_eval) if args.references else None
@@ -327,17 +328,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "torch": torch.__version__,
         "machine": platform.machine(),
     }
-
-
-def nan_to_none(value: Any) -> Any:
-    """``value`` with NaN floats as None (null), so the file is strict JSON (no latent chains: no collapse)."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [nan_to_none(v) for v in value]
-    return value
 
 
 _SUMMARY_KEYS = ("accuracy", "explicit_tokens", "latent_steps", "latent_cosine", "latent_effective_rank")
@@ -450,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = merge(args.merge) if args.merge else run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("x") as handle:  # "x": never overwrite, even if created meanwhile
-        handle.write(json.dumps(nan_to_none(result), indent=2) + "\n")
+        handle.write(json.dumps(finite_json(result), indent=2) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -49,6 +49,7 @@ from lightning_llm.datamodules import load_chat_corpus
 from lightning_llm.datamodules.activation_harvest import layer_activations, special_token_ids
 from lightning_llm.datamodules.sources import pad_sequences
 from lightning_llm.modules import SparseAutoencoderModule
+from lightning_llm.text import finite_json
 from lightning_llm.trainer import quiet_trainer
 
 __all__ = ["MODES", "harvest_corpus", "main", "render_corpus", "run"]
@@ -330,21 +331,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.out.exists() and not args.overwrite:
         raise SystemExit(f"{args.out} exists; pass --overwrite or choose another --out")
-    result = _finite(run(args))
+    result = finite_json(run(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
     print(f"wrote {args.out}")
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with NaN/inf floats as None (null), so the file is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 if __name__ == "__main__":

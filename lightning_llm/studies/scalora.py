@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import time
@@ -48,6 +47,7 @@ from lightning_llm.datamodules import ChatSFTDataModule
 from lightning_llm.datamodules.tasks.arithmetic import ArithmeticTask
 from lightning_llm.lora import LoRAConfig, iter_effective_weights
 from lightning_llm.modules import CausalLMModule
+from lightning_llm.text import finite_json
 from lightning_llm.trainer import quiet_trainer
 
 __all__ = ["ARMS", "UpdateRank", "ValidationCurve", "run", "train_arm", "update_rank"]
@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             if args.partial is not None:  # progress so far, in case the run is cut short
                 args.partial.write_text(
-                    json.dumps(_finite({"settings": settings, "runs": runs}), indent=2) + "\n"
+                    json.dumps(finite_json({"settings": settings, "runs": runs}), indent=2) + "\n"
                 )
     return {
         "study": "LoRA vs ScaLoRA vs LoRA-restart SFT (lightning_llm.studies.scalora)",
@@ -366,17 +366,6 @@ def combine(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with non-finite floats as None (null), so the file is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The study's command-line options (defaults: the committed run)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -425,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_finite(result), indent=2, allow_nan=False) + "\n")
+    args.out.write_text(json.dumps(finite_json(result), indent=2, allow_nan=False) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -67,7 +67,8 @@ def _train_and_score(model: str, mode: str, quiet_trainer, seed: int = 0) -> dic
 
 def test_sequential_training_beats_block_training_on_special_tokens_and_delta_loss(chat_model, quiet_trainer):
     runs = []
-    for seed in SEEDS:  # paired: both modes of a seed share the SAE's initialisation and the harvested dialogues
+    # Paired: both modes of a seed share the SAE's initialisation and the harvested dialogues.
+    for seed in SEEDS:
         sequential = _train_and_score(chat_model, "sequential", quiet_trainer, seed)
         block = _train_and_score(chat_model, "block", quiet_trainer, seed)
         runs.append((sequential, block))

@@ -83,7 +83,11 @@ def test_system_prompt_task_states_the_format_with_a_training_example():
     from lightning_llm.datamodules import PromptDataModule
 
     data = PromptDataModule(
-        task="arithmetic", task_kwargs={"digits": 2, "ops": "+"}, system_prompt="task", num_train=16, num_val=8
+        task="arithmetic",
+        task_kwargs={"digits": 2, "ops": "+"},
+        system_prompt="task",
+        num_train=16,
+        num_val=8,
     )
     data.setup("fit")
     system, user, assistant = data.system_prompt
