@@ -29,15 +29,38 @@ whole budget, so no choice is left: that comparison is a configuration artefact 
 the memory state are state kvpress does not have: counted in the bytes rows. Time: process CPU time per example
 of one pass (single thread, tiny model: per-forward Python overhead dominates); passes alternate setting order.
 
+**SmolLM2 mode** (``--model smollm2-135m``, results ``kv_vs_kvpress_smollm2.json``): nothing is trained. Per
+seed (a different draw of prompts, >= 3 seeds) ``--examples`` prose needle prompts of ``studies.kv_smollm2``
+(``NeedleTask(filler="prose")``, ``--words 380``: ~474 tokens with the chat template and its system prompt, needles
+at depths 0.1/0.3/0.5/0.7/0.9, the same number at each), one prompt at a time (no padding), greedy, at most
+``--max-new-tokens`` 11, scored by ``first_number_score`` (the first number of the answer is the value).
+Settings: the full cache on both sides (must give identical completions); per ratio (50/25/10%) ours
+``StreamingLLM()``, ``H2O()``, ``SnapKV()`` (their defaults: 4 sinks, 16 recent, SnapKV's 32-query window and
+kernel 5) vs kvpress ``StreamingLLMPress(n_sink=4)``, ``SnapKVPress(window_size=32, kernel_size=5)``,
+``KnormPress()``, ``ExpectedAttentionPress(n_sink=4)``. Equal cache bytes: both sides keep exactly
+``budget = max(20, ceil(ratio * L))`` K and V entries per layer for a prompt of ``L`` tokens (fp32, all layers and
+KV heads, so ``budget x 2 x 30 x 3 x 64 x 4`` bytes; checked for every generation); ours re-evicts at every step
+and stays at ``budget``, kvpress compresses the prefill and then appends the <= 10 generated tokens. Each prompt's
+forward runs once per side: ours through ``record_prefill`` (compressed under every policy, as in the study);
+kvpress's through a plain forward whose attention-layer hook inputs are recorded, then every press's own
+``forward_hook`` compresses a copy of that cache layer by layer, which is what ``with press(model)`` does during the
+prefill (the prefill's activations do not depend on the compressed caches); for the first prompt every press at
+every ratio is also run as a real pressed prefill and its cache must be identical (check
+``press_replay_equals_pressed_prefill``). Rows: per-draw accuracies (median, range over draws); the details hold
+the pooled accuracy with its Wilson 95% interval, per depth, and the CPU seconds per prompt of each setting.
+``--cache DIR`` keeps the per-prompt outcomes so that the summary can be rebuilt without re-running.
+
 kvpress 0.5.5 needs transformers < 5.3: run this benchmark in the ``kvpress`` environment (benchmarks/README.md).
 
     python benchmarks/kv_vs_kvpress.py --cache /tmp/kv_models          # 3 seeds, ~20 min on 2 cores
+    python benchmarks/kv_vs_kvpress.py --model smollm2-135m            # 3 draws x 15 prompts, ~10 CPU-min
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import statistics
 import sys
@@ -392,22 +415,368 @@ def _run_seed(args: argparse.Namespace, seed: int, root: Path) -> dict[str, Any]
     }
 
 
+# ------------------------------------------------------------------------------------ SmolLM2 (--model)
+
+SMOL_PRESSES = ("StreamingLLM", "SnapKV", "Knorm", "ExpectedAttention")
+SMOL_OURS = ("StreamingLLM", "H2O", "SnapKV")
+SMOL_SINKS, SMOL_WINDOW, SMOL_OBSERVATION, SMOL_KERNEL = 4, 16, 32, 5  # our policies' defaults (the study's)
+
+
+def _record_press_prefill(model: Any, ids: torch.Tensor) -> tuple[Any, torch.Tensor, list[tuple]]:
+    """One uncompressed prefill into a ``DynamicCache``; per attention layer, the ``(module, kwargs, output)`` a
+    kvpress forward hook would receive, so that every press can compress this same prefill
+    (:func:`_replay_press`) instead of re-running it."""
+    from transformers import DynamicCache
+
+    calls: list[tuple] = []
+
+    def hook(module: Any, args: Any, kwargs: dict, output: Any) -> None:
+        calls.append((module, {k: v for k, v in kwargs.items() if k != "past_key_values"}, output))
+
+    layers = model.model.layers
+    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in layers]
+    cache = DynamicCache()
+    try:
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    finally:
+        for h in handles:
+            h.remove()
+    return cache, out.logits[:, -1].float(), calls
+
+
+def _replay_press(model: Any, full: Any, calls: list[tuple], press: Any) -> Any:
+    """A copy of the full prefill cache compressed by ``press.forward_hook`` layer by layer, exactly as
+    ``with press(model)`` does after each attention layer of the prefill (the prefill's hidden states do not
+    depend on the compression of earlier layers' caches; checked against a real pressed prefill)."""
+    import copy
+
+    cache = copy.deepcopy(full)
+    press.post_init_from_model(model)
+    for layer in model.model.layers:
+        layer.self_attn.rotary_emb = model.model.rotary_emb  # what ``press(model)`` sets
+    for module, kwargs, output in calls:
+        press.forward_hook(module, [], {**kwargs, "past_key_values": cache}, output)
+    return cache
+
+
+@torch.no_grad()
+def _decode(model: Any, cache: Any, logits: torch.Tensor, length: int, max_new: int, eos: int) -> list[int]:
+    """Greedy decoding from a (compressed) prefill cache and the prefill's last logits, batch 1, positions of
+    the uncompressed sequence, stop at eos (``_kvpress_generate``'s loop after its prefill)."""
+    tokens = [int(logits[0].argmax())]
+    for step in range(1, max_new):
+        if tokens[-1] == eos:
+            break
+        out = model(
+            input_ids=torch.tensor([[tokens[-1]]]),
+            position_ids=torch.tensor([[length + step - 1]]),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        tokens.append(int(out.logits[0, -1].float().argmax()))
+    return tokens
+
+
+def _smol_settings(ratios: list[float]) -> list[tuple[str, str, str, float | None]]:
+    """(name, side, method, ratio) of every setting."""
+    out = [("kvpress full cache", "kvpress", "full", None), ("ours full cache", "ours", "full", None)]
+    for ratio in ratios:
+        out += [(f"kvpress {m}Press @{ratio:.0%}", "kvpress", m, ratio) for m in SMOL_PRESSES]
+        out += [(f"ours {m} @{ratio:.0%}", "ours", m, ratio) for m in SMOL_OURS]
+    return out
+
+
+def _smol_seed(args: argparse.Namespace, model: Any, tokenizer: Any, seed: int) -> dict[str, Any]:
+    """Every setting on the ``args.examples`` prose needle prompts drawn with ``seed`` (one prompt at a time)."""
+    from kvpress import ExpectedAttentionPress, KnormPress, SnapKVPress, StreamingLLMPress
+    from kvpress.utils import compute_n_kept
+
+    from lightning_llm.eviction import (
+        H2O,
+        FullCache,
+        SnapKV,
+        StreamingLLM,
+        generate_with_budget,
+        record_prefill,
+    )
+    from lightning_llm.studies.kv_smollm2 import (
+        encode_chat_prompts,
+        first_number_score,
+        nearest_depth,
+        needle_examples,
+    )
+
+    presses = {
+        "StreamingLLM": lambda cr: StreamingLLMPress(compression_ratio=cr, n_sink=SMOL_SINKS),
+        "SnapKV": lambda cr: SnapKVPress(
+            compression_ratio=cr, window_size=SMOL_OBSERVATION, kernel_size=SMOL_KERNEL
+        ),
+        "Knorm": lambda cr: KnormPress(compression_ratio=cr),
+        "ExpectedAttention": lambda cr: ExpectedAttentionPress(compression_ratio=cr, n_sink=SMOL_SINKS),
+    }
+    ours = {"StreamingLLM": StreamingLLM, "H2O": H2O, "SnapKV": SnapKV, "full": FullCache}
+    examples = needle_examples("needle", args.examples, args.words, seed)
+    encoded = encode_chat_prompts(tokenizer, examples)
+    eos = tokenizer.eos_token_id
+    settings = _smol_settings(args.ratios)
+    correct = {name: [0] * len(examples) for name, *_ in settings}
+    kept_ok = {name: True for name, *_ in settings}
+    cpu = dict.fromkeys(["ours prefill", "kvpress prefill", *correct], 0.0)
+    replay_ok, full_ok = True, True
+    for i, (ex, ids_list) in enumerate(zip(examples, encoded, strict=True)):
+        ids, length = torch.tensor([ids_list]), len(ids_list)
+        t0 = time.process_time()
+        full, logits, calls = _record_press_prefill(model, ids)
+        t1 = time.process_time()
+        prefill = record_prefill(model, ids)
+        cpu["kvpress prefill"] += t1 - t0
+        cpu["ours prefill"] += time.process_time() - t1
+        for name, side, method, ratio in settings:
+            t0 = time.process_time()
+            if side == "ours":
+                policy = ours[method]()
+                budget = (
+                    None if ratio is None else max(policy.sinks + policy.window, math.ceil(ratio * length))
+                )
+                out = generate_with_budget(
+                    model,
+                    ids,
+                    policy=policy,
+                    budget=budget,
+                    max_new_tokens=args.max_new_tokens,
+                    prefill=prefill,
+                    eos_token_id=eos,
+                    pad_token_id=eos,
+                )
+                new = out.sequences[0, length:].tolist()
+                if budget is not None:
+                    kept_ok[name] &= out.cache_stats[0].kept == budget
+            else:
+                cache = full
+                if ratio is not None:
+                    budget = max(SMOL_SINKS + SMOL_WINDOW, math.ceil(ratio * length))  # ours' budget
+                    cr = 1.0 - (budget + 0.5) / length  # kvpress keeps int(L * (1 - cr)): exactly budget
+                    if compute_n_kept(length, cr) != budget:
+                        raise RuntimeError(f"no kvpress compression_ratio keeps {budget} of {length}")
+                    press = presses[method](cr)
+                    cache = _replay_press(model, full, calls, press)
+                    kept_ok[name] &= all(int(layer.keys.shape[-2]) == budget for layer in cache.layers)
+                    if i == 0 and seed == args.seeds[0]:  # the replay equals a real pressed prefill
+                        from transformers import DynamicCache
+
+                        real = DynamicCache()
+                        with press(model):
+                            model(input_ids=ids, past_key_values=real, use_cache=True, logits_to_keep=1)
+                        replay_ok &= all(
+                            torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                            for a, b in zip(real.layers, cache.layers, strict=True)
+                        )
+                else:
+                    import copy
+
+                    cache = copy.deepcopy(full)
+                new = _decode(model, cache, logits, length, args.max_new_tokens, eos)
+            cpu[name] += time.process_time() - t0
+            text = tokenizer.decode(new, skip_special_tokens=True)
+            correct[name][i] = int(first_number_score(text, ex))
+            if name == "kvpress full cache":
+                full_text = text
+            elif name == "ours full cache":
+                full_ok &= text == full_text
+        print(
+            f"seed {seed} prompt {i + 1}/{len(examples)} ({length} tokens): "
+            + " ".join(
+                f"{n.split(' @')[0].split()[-1]}@{r or 1:g}={correct[n][i]}" for n, _, _, r in settings
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
+    return {
+        "correct": correct,
+        "depths": [nearest_depth(ex) for ex in examples],
+        "kept_equals_budget": kept_ok,
+        "press_replay_equals_pressed_prefill": replay_ok,
+        "full_cache_completions_identical": full_ok,
+        "cpu_s": cpu,
+        "inputs": digest(encoded),
+        "prompt_tokens": [min(map(len, encoded)), max(map(len, encoded))],
+    }
+
+
+def _smol_key(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("model", "seeds", "examples", "ratios", "words", "max_new_tokens")
+    return {k: getattr(args, k) for k in keys}
+
+
+def _smol_main(args: argparse.Namespace) -> int:
+    """The SmolLM2 mode: no training; per seed a fresh draw of prose needle prompts; rows per ratio."""
+    from lightning_llm.backbones import load_backbone
+    from lightning_llm.studies.kv_smollm2 import DEPTHS, wilson_interval
+
+    name = f"{NAME}_smollm2"
+    start = time.process_time()
+    model, tokenizer = load_backbone(args.model)
+    model.eval()
+    raw = args.cache / f"{name}_raw.json" if args.cache else None
+    if raw is not None and raw.is_file():  # the per-prompt results of an earlier run with these settings
+        saved = json.loads(raw.read_text())
+        if saved["args"] != _smol_key(args):
+            raise SystemExit(f"{raw} holds another configuration: {saved['args']}")
+        seeds = {int(k): v for k, v in saved["seeds"].items()}
+    else:
+        with torch.no_grad():
+            seeds = {seed: _smol_seed(args, model, tokenizer, seed) for seed in args.seeds}
+        if raw is not None:
+            raw.parent.mkdir(parents=True, exist_ok=True)
+            raw.write_text(json.dumps({"args": _smol_key(args), "seeds": seeds}))
+    settings = _smol_settings(args.ratios)
+    lo = min(s["prompt_tokens"][0] for s in seeds.values())
+    hi = max(s["prompt_tokens"][1] for s in seeds.values())
+    n = args.examples * len(seeds)
+    unit = (
+        f"{args.model}, {len(seeds)} draws x {args.examples} prose needle prompts of {lo}-{hi} tokens, "
+        "fp32, cpu; values per draw"
+    )
+
+    def acc(setting: str) -> list[float]:
+        return [statistics.fmean(s["correct"][setting]) for s in seeds.values()]
+
+    def pooled(setting: str) -> dict[str, Any]:
+        flat = [c for s in seeds.values() for c in s["correct"][setting]]
+        depths = [d for s in seeds.values() for d in s["depths"]]
+        by_depth = {}
+        for d in DEPTHS:
+            at = [c for c, e in zip(flat, depths, strict=True) if e == d]
+            by_depth[f"{d:g}"] = statistics.fmean(at) if at else None
+        return {
+            "accuracy": sum(flat) / len(flat),
+            "n": len(flat),
+            "wilson95": list(wilson_interval(sum(flat), len(flat))),
+            "per_draw": acc(setting),
+            "by_depth": by_depth,
+            "correct": " ".join("".join(map(str, s["correct"][setting])) for s in seeds.values()),
+            "cpu_s_per_prompt": sum(s["cpu_s"][setting] for s in seeds.values()) / n,
+        }
+
+    summary = [
+        row(
+            name,
+            f"greedy needle accuracy, full cache ({unit})",
+            "ours full cache (generate_with_budget)",
+            "kvpress loop, full cache",
+            acc("ours full cache"),
+            acc("kvpress full cache"),
+            "higher",
+        )
+    ]
+    for ratio in args.ratios:
+        pct = f"{ratio:.0%}"
+        metric = f"greedy needle accuracy at {pct} of the KV (equal cache bytes) ({unit})"
+        for method in ("StreamingLLM", "SnapKV"):
+            summary.append(
+                row(
+                    name,
+                    metric,
+                    f"{method} (eviction, re-evicts each step)",
+                    f"kvpress {method}Press (prefill only)",
+                    acc(f"ours {method} @{pct}"),
+                    acc(f"kvpress {method}Press @{pct}"),
+                    "higher",
+                )
+            )
+        best_ours = max(SMOL_OURS, key=lambda m, pct=pct: statistics.fmean(acc(f"ours {m} @{pct}")))
+        best_press = max(
+            SMOL_PRESSES, key=lambda m, pct=pct: statistics.fmean(acc(f"kvpress {m}Press @{pct}"))
+        )
+        summary.append(
+            row(
+                name,
+                metric,
+                f"best of ours: {best_ours}",
+                f"best press: kvpress {best_press}Press",
+                acc(f"ours {best_ours} @{pct}"),
+                acc(f"kvpress {best_press}Press @{pct}"),
+                "higher",
+            )
+        )
+    checks = {
+        f"seed{seed}": {
+            k: s[k]
+            for k in (
+                "kept_equals_budget",
+                "press_replay_equals_pressed_prefill",
+                "full_cache_completions_identical",
+            )
+        }
+        for seed, s in seeds.items()
+    }
+    passed = all(
+        all(c["kept_equals_budget"].values())
+        and c["press_replay_equals_pressed_prefill"]
+        and c["full_cache_completions_identical"]
+        for c in checks.values()
+    )
+    details = {
+        "pooled": {s[0]: pooled(s[0]) for s in settings},
+        "prefill_cpu_s_per_prompt": {
+            k: sum(s["cpu_s"][k] for s in seeds.values()) / n for k in ("ours prefill", "kvpress prefill")
+        },
+        "prompt_tokens": [lo, hi],
+        "inputs": {f"seed{seed}": s["inputs"] for seed, s in seeds.items()},
+        "total_cpu_s": time.process_time() - start,
+    }
+    for setting, d in details["pooled"].items():
+        print(
+            f"{setting:34s} {d['accuracy']:.3f} {[round(x, 3) for x in d['wilson95']]} per draw {d['per_draw']}"
+        )
+    config = {
+        **vars(args),
+        "no_write": None,
+        "cache": str(args.cache),
+        "sinks": SMOL_SINKS,
+        "window": SMOL_WINDOW,
+        "snap_observation": SMOL_OBSERVATION,
+        "snap_kernel": SMOL_KERNEL,
+    }
+    payload = result(
+        name,
+        __doc__,
+        summary,
+        config=config,
+        checks=checks,
+        passed=passed,
+        details=details,
+        packages=("torch", "transformers", "kvpress", "lightning-llm"),
+    )
+    return finish(payload, args)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, reps=3)
     p.add_argument(
         "--seeds", type=int, nargs="+", default=[0, 1, 2], help="backbone + IndexMem training seeds"
     )
-    p.add_argument("--examples", type=int, default=200, help="held-out needle prompts")
     p.add_argument(
-        "--ratios", type=float, nargs="+", default=[0.25, 0.1], help="KV budgets (fractions of prompts)"
+        "--model", default="tiny", help="tiny (trained here) or a pretrained backbone, e.g. smollm2-135m"
     )
+    p.add_argument(
+        "--examples", type=int, default=None, help="needle prompts (per seed for a pretrained model)"
+    )
+    p.add_argument("--ratios", type=float, nargs="+", default=None, help="KV budgets (fractions of prompts)")
+    p.add_argument("--words", type=int, default=380, help="prose filler words (pretrained model)")
     p.add_argument("--cache", type=Path, default=None, help="keep/reuse the trained models here (per seed)")
     p.add_argument("--backbone-max-steps", type=int, default=1500, help="retrieval fine-tuning steps at most")
     p.add_argument("--indexmem-steps", type=int, default=120, help="IndexMemModule steps (batch 16)")
     p.add_argument("--batch-size", type=int, default=32, help="equal-length prompts per generation")
-    p.add_argument("--max-new-tokens", type=int, default=6)
+    p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--eval-seed", type=int, default=12345, help="seed of the held-out examples")
     args = p.parse_args(argv)
+    tiny = args.model == "tiny"
+    defaults = {"examples": (200, 15), "ratios": ([0.25, 0.1], [0.5, 0.25, 0.1]), "max_new_tokens": (6, 11)}
+    for key, (tiny_value, pretrained_value) in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, tiny_value if tiny else pretrained_value)
     set_threads(args.threads)
     import transformers
 
@@ -421,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if not tiny:
+        return _smol_main(args)
     with tempfile.TemporaryDirectory(prefix="kv_vs_kvpress_") as scratch:
         root = args.cache or Path(scratch)
         seeds = {seed: _run_seed(args, seed, root) for seed in args.seeds}

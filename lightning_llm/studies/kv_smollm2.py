@@ -44,7 +44,17 @@ from lightning_llm.eviction import H2O, FullCache, SnapKV, StreamingLLM, generat
 from lightning_llm.text import finite_json
 from lightning_llm.types import Example
 
-__all__ = ["first_number_score", "main", "merge", "run_accuracy", "run_timing", "wilson_interval"]
+__all__ = [
+    "encode_chat_prompts",
+    "first_number_score",
+    "main",
+    "merge",
+    "nearest_depth",
+    "needle_examples",
+    "run_accuracy",
+    "run_timing",
+    "wilson_interval",
+]
 
 SYSTEM_PROMPT = "Answer the question about the text with the number only."
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -70,7 +80,9 @@ def wilson_interval(successes: float, n: int, z: float = 1.959964) -> tuple[floa
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _examples(task: str, n: int, words: int, seed: int) -> list[Example]:
+def needle_examples(task: str, n: int, words: int, seed: int) -> list[Example]:
+    """``n`` prose-filler examples of ``task``: ``"needle"`` (spread evenly over :data:`DEPTHS`, rounded up per
+    depth) or ``"multikey_needle"`` (four facts, one asked), ``words`` filler words each, drawn from ``seed``."""
     if task == "needle":
         per_depth = math.ceil(n / len(DEPTHS))
         examples = []
@@ -82,7 +94,8 @@ def _examples(task: str, n: int, words: int, seed: int) -> list[Example]:
     return MultiKeyNeedleTask(haystack_words=words, num_needles=4, filler="prose").generate(n, seed)
 
 
-def _encode(tokenizer: Any, examples: Sequence[Example]) -> list[list[int]]:
+def encode_chat_prompts(tokenizer: Any, examples: Sequence[Example]) -> list[list[int]]:
+    """Token ids of each example's prompt rendered with the chat template under :data:`SYSTEM_PROMPT`."""
     return [
         tokenizer(render_prompt(tokenizer, ex.prompt, SYSTEM_PROMPT), add_special_tokens=False)["input_ids"]
         for ex in examples
@@ -119,8 +132,8 @@ def run_accuracy(
 ) -> dict[str, Any]:
     """Accuracy of the full cache and every policy x ratio on ``n`` prompts of ``task``; ``progress`` gets the
     report over the prompts done so far after every batch (``"complete": False`` until the last)."""
-    examples = _examples(task, n, words, seed)
-    encoded = _encode(tokenizer, examples)
+    examples = needle_examples(task, n, words, seed)
+    encoded = encode_chat_prompts(tokenizer, examples)
     order = sorted(range(len(examples)), key=lambda i: (len(encoded[i]), i))
     arms = [("full", None, None)] + [
         (name, r, cls) for name in POLICIES for r in RATIOS for cls in [POLICIES[name]]
@@ -142,7 +155,7 @@ def run_accuracy(
             row = {"arm": label, "policy": name, "ratio": ratio, **_summary(ok)}
             if task == "needle":
                 row["by_depth"] = {
-                    f"{d:g}": _summary([correct[label][i] for i in done if _depth(examples[i]) == d])
+                    f"{d:g}": _summary([correct[label][i] for i in done if nearest_depth(examples[i]) == d])
                     for d in DEPTHS
                 }
             row["peak_cache_bytes"] = peak[label]
@@ -160,7 +173,7 @@ def run_accuracy(
             "haystack_words": words,
             "seed": seed,
             "prompt_tokens": {"mean": statistics.fmean(lengths), "min": min(lengths), "max": max(lengths)},
-            "per_prompt_depth": [_depth(examples[i]) if task == "needle" else None for i in done],
+            "per_prompt_depth": [nearest_depth(examples[i]) if task == "needle" else None for i in done],
             "answers_first_10": [examples[i].answer for i in done[:10]],
             "prefill_cpu_seconds": round(cpu["prefill"], 1),
             "rows": rows,
@@ -210,7 +223,7 @@ def run_accuracy(
     return result
 
 
-def _depth(example: Example) -> float:
+def nearest_depth(example: Example) -> float:
     """The requested depth of a needle example (its measured depth rounded to the nearest of :data:`DEPTHS`)."""
     return min(DEPTHS, key=lambda d: abs(d - float(example.metadata["needle_depth"])))
 
@@ -223,7 +236,7 @@ def run_timing(
     for target in lengths:
         words = max(1, round((target - 45) / 1.27))
         example = NeedleTask(haystack_words=words, depth=0.5, filler="prose").generate(1, seed)[0]
-        ids = torch.tensor(_encode(tokenizer, [example]))
+        ids = torch.tensor(encode_chat_prompts(tokenizer, [example]))
         prefill = record_prefill(model, ids)
         for name, cls in [("full", None), *POLICIES.items()]:
             policy = FullCache() if cls is None else cls()
