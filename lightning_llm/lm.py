@@ -57,30 +57,42 @@ def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask
     With an attention mask, position ids are derived from it, so a left-padded sequence is scored with the
     same positions it was generated with.
     """
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
     position_ids = None if attention_mask is None else position_ids_from_mask(attention_mask)
-    kwargs = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "use_cache": False,
-    }
+    out = decoder_outputs(
+        model, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
+    return out.last_hidden_state
+
+
+def decoder_outputs(model: PreTrainedModel, **kwargs: Any) -> Any:
+    """The decoder's own output (``last_hidden_state`` after the final norm, ``past_key_values``) for ``kwargs``.
+
+    Runs the decoder (``model.get_decoder()``) directly, so no logits are computed. Under FSDP2 the embeddings
+    and the head belong to the root unit, gathered only inside the root's forward: then it goes through the root
+    (logits of one position only) and takes the decoder's output from a hook.
+    """
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
     if not is_fsdp(model):
-        out = decoder(**kwargs)
-        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    # FSDP2: the embeddings and the head belong to the root unit, gathered only inside the root's forward, so
-    # go through it (logits of one position only) and take the decoder's output from a hook.
-    captured: list[Tensor] = []
+        return _as_decoder_output(decoder(**kwargs))
+    captured: list[Any] = []
 
     def capture(module: torch.nn.Module, args: Any, output: Any) -> None:
-        captured.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
+        captured.append(output)
 
     handle = decoder.register_forward_hook(capture)
     try:
         model(**kwargs, logits_to_keep=1)
     finally:
         handle.remove()
-    return captured[0]
+    return _as_decoder_output(captured[0])
+
+
+def _as_decoder_output(output: Any) -> Any:
+    if hasattr(output, "last_hidden_state"):
+        return output
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    return BaseModelOutputWithPast(last_hidden_state=output[0])
 
 
 def is_fsdp(model: torch.nn.Module) -> bool:

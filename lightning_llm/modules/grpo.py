@@ -7,12 +7,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbones import load_model
 from lightning_llm.envs import Environment
+from lightning_llm.kernels import fused_linear_logprobs
 from lightning_llm.lm import (
     adamw,
     global_mean,
@@ -33,6 +34,7 @@ from lightning_llm.rl import (
     run_episodes,
 )
 from lightning_llm.rl.advantages import group_advantages
+from lightning_llm.rl.shared_prefix import shared_prefix_hidden, shared_prefix_unsupported
 
 __all__ = ["GRPOModule", "group_advantages"]
 
@@ -110,6 +112,10 @@ class GRPOModule(BackboneModule):
         overwrite: let the export replace a ``save_dir`` that holds files another run wrote (or files with no
             export marker); otherwise such a ``save_dir`` stops the fit at its start.
         lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
+        shared_prefix: encode each prompt once per group in every policy, old-policy and reference pass, its
+            keys/values expanded over the group's completions (:mod:`lightning_llm.rl.shared_prefix`; the same
+            log-probs, entropy and gradients as encoding every row whole). On by default; a model whose cache
+            cannot be shared exactly runs the plain pass, said once in the log.
     """
 
     def __init__(
@@ -144,6 +150,7 @@ class GRPOModule(BackboneModule):
         save_dir: str | None = None,
         overwrite: bool = False,
         lora: LoRAConfig | None = None,
+        shared_prefix: bool = True,
     ) -> None:
         super().__init__()
         rewards = list(rewards) if rewards is not None else (["env"] if env is not None else ["task"])
@@ -196,7 +203,9 @@ class GRPOModule(BackboneModule):
     def engine(self) -> RolloutEngine:
         """The rollout generator: ``model.generate`` (:class:`~lightning_llm.rl.HFEngine`) unless replaced."""
         if self._engine is None:
-            self._engine = HFEngine(self.model, self.tokenizer)
+            self._engine = HFEngine(
+                self.model, self.tokenizer, share_prefix=bool(self.hparams.get("shared_prefix", True))
+            )
         return self._engine
 
     @engine.setter
@@ -296,15 +305,32 @@ class GRPOModule(BackboneModule):
     def _token_stats(
         self, model: Any, rollout: Rollout, rows: Tensor, *, dynamics: bool = False
     ) -> tuple[Tensor, ...]:
-        return target_logprobs(
-            model,
-            rollout.input_ids[rows],
-            rollout.attention_mask[rows],
-            rollout.loss_mask[rows],
-            chunk_size=self.hparams.logprob_chunk_size,
-            temperature=self.hparams.temperature,
-            with_dynamics=dynamics,
-        )
+        """Log-prob and entropy (and the dynamics terms) of each loss-mask token of ``rows``, flat in row-major
+        order: through :func:`~lightning_llm.rl.shared_prefix.shared_prefix_hidden` when the prompt block can
+        be shared (see ``shared_prefix``), else one pass over the whole rows."""
+        ids, mask, targets = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.loss_mask[rows]
+        kwargs = {
+            "chunk_size": self.hparams.logprob_chunk_size,
+            "temperature": self.hparams.temperature,
+            "with_dynamics": dynamics,
+        }
+        cut = rollout.prompt_length
+        if not self._share_prefix(model) or bool(targets[:, :cut].any()) or cut >= ids.shape[1]:
+            return target_logprobs(model, ids, mask, targets, **kwargs)
+        hidden = shared_prefix_hidden(model, ids, mask, cut)
+        select = targets[:, cut:]
+        weight = model.get_output_embeddings().weight
+        return fused_linear_logprobs(hidden[select], weight, ids[:, cut:][select], **kwargs)
+
+    def _share_prefix(self, model: Any) -> bool:
+        """Whether ``shared_prefix`` is on and exact for ``model`` (the reason it is not is logged once)."""
+        if not self.hparams.get("shared_prefix", True):
+            return False
+        reason = shared_prefix_unsupported(model)
+        if reason is not None and "shared-prefix" not in self._warned:
+            self._warned.add("shared-prefix")
+            rank_zero_info(f"GRPOModule: shared_prefix off, each row is encoded whole: {reason}")
+        return reason is None
 
     def _dense(self, rollout: Rollout, flat: Tensor) -> Tensor:
         out = torch.zeros(rollout.loss_mask.shape, dtype=flat.dtype, device=flat.device)

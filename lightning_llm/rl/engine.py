@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 
 from lightning_llm.backbones import eval_mode
+from lightning_llm.backbones.inspect import cache_kwarg
+from lightning_llm.rl.shared_prefix import prefill_prefixes, shared_prefix_unsupported
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -58,11 +60,22 @@ class HFEngine:
 
     Given the ``tokenizer``, multi-token ``stop_strings`` stop a row early (``generate(stop_strings=...)``);
     without it they are left to :func:`run_episodes`' cut, after generating up to ``max_new_tokens``.
+
+    With ``share_prefix`` (the default) rows with identical prompts (a GRPO group) are prefilled once and the
+    cache is expanded over them before sampling (:func:`~lightning_llm.rl.shared_prefix.prefill_prefixes`): the
+    same logits at every step as prefilling each row, at the cost of one prompt per group.
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        share_prefix: bool = True,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.share_prefix = share_prefix
 
     @torch.no_grad()
     def generate(
@@ -79,6 +92,10 @@ class HFEngine:
         if stop_strings and self.tokenizer is not None:
             extra = {"stop_strings": list(stop_strings), "tokenizer": self.tokenizer}
         with eval_mode(self.model):
+            if self.share_prefix and shared_prefix_unsupported(self.model) is None:
+                cache = prefill_prefixes(self.model, input_ids, attention_mask)
+                if cache is not None:
+                    extra[cache_kwarg(self.model)] = cache
             greedy = sampling.temperature <= 0
             out = self.model.generate(
                 input_ids=input_ids,

@@ -79,8 +79,9 @@ def test_policy_loss_matches_hand_computation(aggregation, tiny_backbone):
 
 
 def test_tool_tokens_carry_zero_gradient(tiny_backbone):
-    """The final hidden state that predicts an observation token gets exactly zero gradient."""
-    module = GRPOModule()
+    """The final hidden state that predicts an observation token gets exactly zero gradient (read from the one
+    whole-row pass; the shared-prefix pass gives the same gradients, tests/rl/test_shared_prefix.py)."""
+    module = GRPOModule(shared_prefix=False)
     rollout = _hand_rollout(module.tokenizer)
     rollout.old_logprobs = None  # ratio 1: no token is clipped, so every trainable token has a gradient
     captured = {}
