@@ -64,11 +64,15 @@ def _datamodule(args: argparse.Namespace) -> Any:
     """The arithmetic prompts both sides train on, in a fixed order (one epoch covers every step)."""
     from lightning_llm.datamodules import PromptDataModule
 
+    if args.task == "needle":
+        task_kwargs = {"haystack_words": args.haystack_words, "filler": "prose"}
+    else:
+        task_kwargs = {"digits": args.digits}
     # fmt: off
     dm = PromptDataModule(
-        task="arithmetic", task_kwargs={"digits": args.digits}, tokenizer=args.model,
+        task=args.task, task_kwargs=task_kwargs, tokenizer=args.model,
         num_train=args.prompts * (args.warmup + args.steps), num_val=0, batch_size=args.prompts,
-        seed=args.seed, shuffle=False,
+        seed=args.seed, shuffle=False, system_prompt=args.system_prompt,
     )
     # fmt: on
     dm.prepare_data()
@@ -78,6 +82,13 @@ def _datamodule(args: argparse.Namespace) -> Any:
 
 def _examples(dm: Any) -> list[Any]:
     return [item["example"] for item in dm._train_data]
+
+
+def _conversation(dm: Any, example: Any) -> list[dict[str, str]]:
+    """The chat messages the DataModule renders for ``example``: its system prefix (if any), then the prompt."""
+    from lightning_llm.text import prefix_messages
+
+    return [*prefix_messages(dm.system_prompt), {"role": "user", "content": example.prompt}]
 
 
 def _targets(args: argparse.Namespace) -> list[str]:
@@ -108,7 +119,7 @@ def _run_ours(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
         model=args.model, rewards=["task"], group_size=args.group_size, max_new_tokens=args.max_new_tokens,
         temperature=1.0, top_p=1.0, lr=args.lr, beta=0.0, ppo_epochs=1, mini_batches=1,
         loss_aggregation="token-mean", scale_rewards="group", epsilon=0.2, max_grad_norm=1.0,
-        weight_decay=0.0, lora=lora,
+        weight_decay=0.0, lora=lora, shared_prefix=not args.no_shared_prefix,
     )
     # fmt: on
     model = module.model  # built (and adapted) now, so the memory baseline holds it, as TRL's does
@@ -155,7 +166,7 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
         # fmt: on
     dataset = Dataset.from_dict(
         {
-            "prompt": [[{"role": "user", "content": ex.prompt}] for ex in examples],
+            "prompt": [_conversation(dm, ex) for ex in examples],
             "index": list(range(len(examples))),
         }
     )
@@ -204,7 +215,7 @@ def _run_trl(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
         if trainer.state.global_step != total:
             raise RuntimeError(f"TRL ran {trainer.state.global_step} optimizer steps, expected {total}")
     return {
-        "inputs": digest([conv[0]["content"] for conv in dataset["prompt"]]),
+        "inputs": digest([conv[-1]["content"] for conv in dataset["prompt"]]),
         "trainable_params": trainable,
     }
 
@@ -222,12 +233,17 @@ def _prompt_check(args: argparse.Namespace) -> dict[str, Any]:
     dm = _datamodule(args)
     ours = [item["input_ids"].tolist() for item in dm._train_data]
     trl = dm.tokenizer.apply_chat_template(
-        [[{"role": "user", "content": ex.prompt}] for ex in _examples(dm)],
+        [_conversation(dm, ex) for ex in _examples(dm)],
         add_generation_prompt=True,
         tokenize=True,
         return_dict=True,
     )["input_ids"]
-    return {"prompt_tokens_identical": ours == trl, "prompts_compared": len(ours)}
+    lengths = sorted(len(ids) for ids in ours)
+    return {
+        "prompt_tokens_identical": ours == trl,
+        "prompts_compared": len(ours),
+        "prompt_tokens_median": lengths[len(lengths) // 2],
+    }
 
 
 def _unit(config: dict[str, Any]) -> str:
@@ -236,7 +252,14 @@ def _unit(config: dict[str, Any]) -> str:
     if config.get("min_new_tokens"):
         lengths += f" (min {config['min_new_tokens']})"
     model = config["model"] + (f" + LoRA r={config['lora_r']}" if config.get("lora_r") else "")
-    return f"{config['prompts']} prompts x {config['group_size']}, {lengths}, {model}, fp32, cpu"
+    task = config.get("task", "arithmetic")
+    if task == "needle":
+        task = f"needle {config['haystack_words']} words"
+    if config.get("system_prompt"):
+        task += f", system prompt {config['system_prompt']}"
+    if config.get("no_shared_prefix"):
+        model += ", ours unshared"
+    return f"{config['prompts']} prompts x {config['group_size']}, {task}, {lengths}, {model}, fp32, cpu"
 
 
 def _provenance(payload: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +306,16 @@ def main(argv: list[str] | None = None) -> int:
         default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
         help="comma-separated module names that get adapters (both sides)",
     )
+    p.add_argument("--task", choices=("arithmetic", "needle"), default="arithmetic", help="the prompts' task")
     p.add_argument("--digits", type=int, default=2, help="operand digits of the arithmetic task")
+    p.add_argument("--haystack-words", type=int, default=300, help="prose filler words of the needle task")
+    p.add_argument(
+        "--system-prompt", choices=("task",), default=None,
+        help="'task': the task's format and one worked exchange before each prompt (the README main job's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-shared-prefix", action="store_true", help="ours encodes every row whole (shared_prefix=False)"
+    )
     p.add_argument("--steps", type=int, default=10, help="timed steps per repetition")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fresh", action="store_true", help="drop the other settings' rows from the results file")

@@ -113,9 +113,11 @@ class GRPOModule(BackboneModule):
             export marker); otherwise such a ``save_dir`` stops the fit at its start.
         lora: train a LoRA adapter (:class:`~lightning_llm.lora.LoRAConfig`) instead of all weights.
         shared_prefix: encode each prompt once per group in every policy, old-policy and reference pass, its
-            keys/values expanded over the group's completions (:mod:`lightning_llm.rl.shared_prefix`; the same
-            log-probs, entropy and gradients as encoding every row whole). On by default; a model whose cache
-            cannot be shared exactly runs the plain pass, said once in the log.
+            completions side by side after it (:mod:`lightning_llm.rl.shared_prefix`; the same log-probs,
+            entropy and gradients as encoding every row whole), and prefill it once per group in generation.
+            On by default; a model it cannot be exact for runs the plain pass, said once in the log.
+        gradient_checkpointing: recompute each decoder layer's activations in backward (HF's non-reentrant
+            checkpointing): less memory for one more forward pass per update.
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class GRPOModule(BackboneModule):
         overwrite: bool = False,
         lora: LoRAConfig | None = None,
         shared_prefix: bool = True,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         rewards = list(rewards) if rewards is not None else (["env"] if env is not None else ["task"])

@@ -263,3 +263,41 @@ def test_smollm2_grpo_token_stats_are_training_equivalent(smollm2_dir):
         "smollm2-135m", callbacks=[EntropyDiscriminatorClipping(mode="batch", mu=1.0)], group_size=8, steps=1
     )
     assert module.checked.count("grad") == 4
+
+
+def test_unsupported_models_are_named_with_the_reason():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    mistral = MistralForCausalLM(
+        MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    )  # fmt: skip
+    assert "sliding window" in shared_prefix_unsupported(mistral)
+    flash = _qwen2()
+    flash.config._attn_implementation = "flash_attention_2"
+    assert "4-D attention mask" in shared_prefix_unsupported(flash)
+    assert shared_prefix_unsupported(_gemma3()) is None
+
+
+def test_grpo_runs_the_whole_row_pass_with_a_notice_where_sharing_is_not_exact(
+    tiny_backbone, monkeypatch, caplog
+):
+    import logging
+
+    import lightning_llm.modules.grpo as grpo
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the shared-prefix pass ran on a model it is not exact for")
+
+    monkeypatch.setattr(grpo, "shared_prefix_hidden", fail)
+    monkeypatch.setattr(grpo, "shared_prefix_unsupported", lambda model: "a test model")
+    L.seed_everything(0, verbose=False)
+    module = GRPOModule(group_size=2, max_new_tokens=4)
+    data = PromptDataModule(
+        task="arithmetic", task_kwargs={"digits": 1}, batch_size=2, num_train=4, num_val=2
+    )
+    with caplog.at_level(logging.INFO):
+        L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, limit_val_batches=0).fit(module, data)  # fmt: skip
+    notices = [r for r in caplog.records if "shared_prefix off" in r.getMessage()]
+    assert len(notices) == 1 and "a test model" in notices[0].getMessage()
