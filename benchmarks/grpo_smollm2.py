@@ -1,4 +1,4 @@
-"""GRPO + LoRA on SmolLM2-135M-Instruct (``configs/grpo_smollm2.yaml``), with and without Clip_B: the curves.
+"""GRPO + LoRA on SmolLM2-135M-Instruct (``configs/grpo_smollm2_1digit.yaml``), with and without Clip_B: the curves.
 
 Runs, through the real CLI and one torch thread each, (1) ``validate`` of the untrained model on the held-out
 prompts, (2) ``fit`` of the config, (3) ``fit`` of the config plus ``EntropyDiscriminatorClipping(mode="batch",
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "grpo_smollm2.yaml"
+CONFIG = ROOT / "configs" / "grpo_smollm2_1digit.yaml"
 CLIP_B = """trainer:
   callbacks:
     - class_path: lightning_llm.callbacks.EntropyDiscriminatorClipping
@@ -86,7 +86,7 @@ def summarise(workdir: Path) -> dict[str, Any]:
     """The JSON record of the three runs in ``workdir``."""
     before = _metrics(workdir / "before")
     out: dict[str, Any] = {
-        "config": "configs/grpo_smollm2.yaml",
+        "config": "configs/grpo_smollm2_1digit.yaml",
         "held_out_task_accuracy_before": float(before[-1]["val/rewards/task/mean"]),
         "held_out_format_before": float(before[-1]["val/rewards/format/mean"]),
         "arms": {},

@@ -58,6 +58,22 @@ def extract_answer(text: str) -> str | None:
     return matches[-1] if matches else None
 
 
+_LAST_INTEGER_RE = re.compile(r"-?[0-9]+")
+
+
+def last_integer(text: str) -> str | None:
+    """The last integer written anywhere in ``text`` (inside or outside tags), as its digits with an optional
+    leading minus and no leading zeros; None if there is none. Lenient scoring reads an answer this way, so that
+    a right number in the wrong format still counts."""
+    matches = _LAST_INTEGER_RE.findall(text)
+    if not matches:
+        return None
+    digits = matches[-1]
+    sign, digits = ("-", digits[1:]) if digits.startswith("-") else ("", digits)
+    digits = digits.lstrip("0") or "0"
+    return sign + digits if digits != "0" else "0"
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD's answer normalisation (as in Search-R1's EM): lower-case, drop punctuation, drop the articles
     a/an/the, collapse whitespace."""

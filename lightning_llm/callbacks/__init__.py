@@ -21,7 +21,7 @@ from lightning_llm.callbacks.safety import SafetyEvaluation
 from lightning_llm.callbacks.scalora import ScaLoRA
 from lightning_llm.callbacks.sft_warmup import SFTWarmup
 from lightning_llm.callbacks.steering import ActivationSteering, train_steering_vector
-from lightning_llm.callbacks.task_accuracy import TaskAccuracy
+from lightning_llm.callbacks.task_accuracy import PhrasingAccuracy, TaskAccuracy
 from lightning_llm.callbacks.trellis_quantization import TrellisQuantization
 from lightning_llm.callbacks.update_rank import UpdateRankMonitor
 
@@ -38,6 +38,7 @@ __all__ = [
     "LatentThoughtsCurriculum",
     "LayerwiseProbe",
     "LoRARestart",
+    "PhrasingAccuracy",
     "Recontextualization",
     "SFTWarmup",
     "SafetyEvaluation",

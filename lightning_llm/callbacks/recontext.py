@@ -108,7 +108,7 @@ def prompt_block(
     examples: Sequence[Example],
     spec: PromptSpec,
     *,
-    system_prompt: str | None = None,
+    system_prompt: PromptPrefix = None,
     device: torch.device | str = "cpu",
 ) -> tuple[Tensor, Tensor, list[str]]:
     """Left-padded ``(input_ids, attention_mask, texts)`` of ``spec``'s prompts for ``examples``.
@@ -199,7 +199,7 @@ def sample_completions(
     *,
     num_samples: int = 1,
     sampling: Sampling | None = None,
-    system_prompt: str | None = None,
+    system_prompt: PromptPrefix = None,
     batch_size: int = 64,
     engine: RolloutEngine | None = None,
 ) -> list[list[str]]:
@@ -238,7 +238,7 @@ def best_of_n(
     training_prompt: PromptSpec = None,
     sampling: Sampling | None = None,
     min_reward: float | None = None,
-    system_prompt: str | None = None,
+    system_prompt: PromptPrefix = None,
     batch_size: int = 64,
 ) -> list[Example]:
     r"""One round of recontextualized expert iteration's data: best of ``n`` under :math:`x_{gen}`, for :math:`x_{train}`.

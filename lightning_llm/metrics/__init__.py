@@ -8,6 +8,7 @@ from lightning_llm.metrics.grammar import (
     model_next_token_logprobs,
     prefix_batches,
 )
+from lightning_llm.metrics.intervals import wilson_interval
 from lightning_llm.metrics.pcfg import PCFG, Constituent
 from lightning_llm.metrics.perplexity import perplexity, token_nll, token_nll_sum
 from lightning_llm.metrics.sae import (
@@ -57,4 +58,5 @@ __all__ = [
     "spliced_nll",
     "token_nll",
     "token_nll_sum",
+    "wilson_interval",
 ]

@@ -41,6 +41,7 @@ from lightning_llm.backbones import load_backbone
 from lightning_llm.datamodules.sources import render_prompt
 from lightning_llm.datamodules.tasks.long_context import MultiKeyNeedleTask, NeedleTask
 from lightning_llm.eviction import H2O, FullCache, SnapKV, StreamingLLM, generate_with_budget, record_prefill
+from lightning_llm.metrics.intervals import wilson_interval
 from lightning_llm.text import finite_json
 from lightning_llm.types import Example
 
@@ -67,17 +68,6 @@ def first_number_score(completion: str, example: Example) -> float:
     """1.0 when the first run of digits in ``completion`` is exactly ``example.answer``."""
     match = _NUMBER.search(completion)
     return float(match is not None and match.group(0) == example.answer)
-
-
-def wilson_interval(successes: float, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% by default)."""
-    if n <= 0:
-        raise ValueError("wilson_interval needs n >= 1")
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def needle_examples(task: str, n: int, words: int, seed: int) -> list[Example]:

@@ -54,6 +54,20 @@ class Task(ABC):
             ]
         return messages
 
+    #: Question phrasings the task can ask an item in (:meth:`rephrase`); 1: the prompt has one wording.
+    num_phrasings: ClassVar[int] = 1
+
+    def item_key(self, example: Example) -> Any:
+        """What identifies the item an example asks about, whatever its wording: training and validation never
+        share one (:func:`split_train_val`). The prompt itself unless the task has several phrasings."""
+        return example.prompt
+
+    def rephrase(self, example: Example, phrasing: int) -> Example:
+        """``example`` asked in phrasing ``phrasing`` (0 … :attr:`num_phrasings` − 1), same answer."""
+        if phrasing != 0:
+            raise ValueError(f"task {self.name!r} has one phrasing (0), got {phrasing}")
+        return example
+
     @abstractmethod
     def generate(self, n: int, seed: int) -> list[Example]:
         """Return ``n`` examples, a pure function of the task's parameters, ``n`` and ``seed``."""
@@ -96,23 +110,24 @@ def get_task(name: str, **kwargs: Any) -> Task:
 def split_train_val(
     task: Task, num_train: int, num_val: int, seed: int
 ) -> tuple[list[Example], list[Example]]:
-    """Generate a validation set and a training set whose prompts never occur in it.
+    """Generate a validation set and a training set whose items never occur in it.
 
     Validation is ``task.generate(num_val, seed)``; training is drawn from seeds derived from ``seed`` and
-    filtered against the validation prompts, so a memorised training prompt can never inflate validation
-    accuracy. Training may repeat a prompt (small task spaces); it may not share one with validation.
+    filtered against the validation items (:meth:`Task.item_key`: the prompt, or for a task with several
+    phrasings what is asked, in any wording), so a memorised training item can never inflate validation
+    accuracy. Training may repeat an item (small task spaces); it may not share one with validation.
     """
     if num_train < 1 or num_val < 0:
         raise ValueError(f"need num_train >= 1 and num_val >= 0, got {num_train} and {num_val}")
     val = task.generate(num_val, seed=seed) if num_val else []
-    held_out = {example.prompt for example in val}
+    held_out = {task.item_key(example) for example in val}
     train: list[Example] = []
     # Each round draws at least as many as are still missing; if a whole round adds nothing, the task's
     # prompt space is (almost) exhausted by validation and no amount of drawing will help.
     for attempt in range(1, 1_000):
         missing = num_train - len(train)
         drawn = task.generate(max(2 * missing, 64), seed=_derive_seed(seed, attempt))
-        fresh = [example for example in drawn if example.prompt not in held_out]
+        fresh = [example for example in drawn if task.item_key(example) not in held_out]
         if not fresh:
             break
         train.extend(fresh[:missing])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from dataclasses import dataclass
@@ -10,6 +11,18 @@ from lightning_llm.datamodules.tasks import Example, Task, extract_answer, regis
 
 _INTEGER_RE = re.compile(r"\s*(-?[0-9]+)\s*")
 _SUPPORTED_OPS = "+-*"
+
+#: The question wordings of :class:`ArithmeticTask` (``phrasings`` picks among them by index); 0 is the default.
+ARITHMETIC_PHRASINGS = (
+    "What is {expression}?",
+    "Compute {expression}.",
+    "Calculate {expression}.",
+    "{expression} = ?",
+    "Work out the value of {expression}.",
+    "Find {expression}.",
+    "How much is {expression}?",
+    "Give the result of {expression}.",
+)
 
 
 @register_task
@@ -33,6 +46,10 @@ class ArithmeticTask(Task):
             ``operands − 1`` steps is replaced by this many ``<thinking>`` placeholders before the answer, so a
             model reasons in latents instead of tokens. 0 (default) writes none; exclusive with
             ``chain_of_thought``.
+        phrasings: indices into :data:`ARITHMETIC_PHRASINGS` of the wordings generated examples are asked in,
+            one drawn per example (default ``(0,)``: "What is …?" only). Hold wordings out of training by
+            listing only the others; :meth:`rephrase` asks any item in any wording. Training and validation
+            never share an item (operands and operators), whatever its wording.
     """
 
     name = "arithmetic"
@@ -45,8 +62,20 @@ class ArithmeticTask(Task):
     operands: int = 2
     chain_of_thought: bool = False
     latent_steps: int = 0
+    phrasings: tuple[int, ...] = (0,)
+
+    num_phrasings = len(ARITHMETIC_PHRASINGS)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "phrasings", tuple(self.phrasings))
+        if (
+            not self.phrasings
+            or len(set(self.phrasings)) != len(self.phrasings)
+            or not all(isinstance(i, int) and 0 <= i < self.num_phrasings for i in self.phrasings)
+        ):
+            raise ValueError(
+                f"arithmetic: phrasings must be distinct indices in 0..{self.num_phrasings - 1}, got {self.phrasings!r}"
+            )
         if self.latent_steps < 0:
             raise ValueError(f"arithmetic: latent_steps must be >= 0, got {self.latent_steps}")
         if self.latent_steps and self.chain_of_thought:
@@ -64,7 +93,6 @@ class ArithmeticTask(Task):
         rng = random.Random(seed)
         low = 0 if self.digits == 1 else 10 ** (self.digits - 1)
         high = 10**self.digits - 1
-        suffix = " Evaluate left to right." if self.operands > 2 else ""
         examples = []
         for _ in range(n):
             values = [rng.randint(low, high) for _ in range(self.operands)]
@@ -81,15 +109,38 @@ class ArithmeticTask(Task):
             answer = str(result)
             thought = f"<think>{'; '.join(steps)}</think>" if self.chain_of_thought else ""
             thought += "<thinking>" * (self.latent_steps * len(steps))
+            # one wording: no draw, so the default's examples do not depend on the phrasing option
+            phrasing = self.phrasings[0] if len(self.phrasings) == 1 else rng.choice(self.phrasings)
             examples.append(
                 Example(
-                    prompt=f"What is {expression}?{suffix}",
+                    prompt=self._question(expression, phrasing),
                     completion=f"{thought}<answer>{answer}</answer>",
                     answer=answer,
-                    metadata={"task": self.name, "operands": tuple(values), "ops": tuple(ops)},
+                    metadata={
+                        "task": self.name,
+                        "operands": tuple(values),
+                        "ops": tuple(ops),
+                        "expression": expression,
+                        "phrasing": phrasing,
+                    },
                 )
             )
         return examples
+
+    def _question(self, expression: str, phrasing: int) -> str:
+        suffix = " Evaluate left to right." if self.operands > 2 else ""
+        return ARITHMETIC_PHRASINGS[phrasing].format(expression=expression) + suffix
+
+    def item_key(self, example: Example) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        return tuple(example.metadata["operands"]), tuple(example.metadata["ops"])
+
+    def rephrase(self, example: Example, phrasing: int) -> Example:
+        if not 0 <= phrasing < self.num_phrasings:
+            raise ValueError(f"arithmetic: phrasing must be in 0..{self.num_phrasings - 1}, got {phrasing}")
+        metadata = {**example.metadata, "phrasing": phrasing}
+        return dataclasses.replace(
+            example, prompt=self._question(example.metadata["expression"], phrasing), metadata=metadata
+        )
 
     def score(self, completion: str, example: Example) -> float:
         content = extract_answer(completion)
