@@ -191,7 +191,7 @@ class LatentThoughtsModule(CausalLMModule):
     model's tokenizer (another one is refused at setup by the DataModule's tokenizer check).
 
     Args:
-        alpha: Fusion weight α of the context part (1 = Coconut).
+        alpha: Fusion weight α of the context part (1 = Coconut; 0.6 is the authors' fusion stage).
         temperature: T of the prediction part's softmax.
         top_p: Nucleus of the prediction part.
         match_embedding_norm: See :func:`fuse_latent` (our reading, off by default: the paper's formula as
