@@ -1,16 +1,20 @@
 r"""LT-Tuning's three-stage curriculum (arXiv 2602.10229): explicit CoT → latents at α = 1 → fusion.
 
 Stage 1 is ordinary SFT on explicit chain-of-thought data. At each stage change the training data is rebuilt
-from those explicit items: the current model scores every response token teacher-forced, and a ``<thinking>``
-token is inserted before each token whose confidence :math:`p_\theta(y_t \mid y_{<t})` is below the stage's
-threshold τ (0.3 entering stage 2, 0.2 entering stage 3). The inserted ``<thinking>`` is a trained target, so the
-model learns to ask for a latent step right before a hard token; at those positions
-:class:`~lightning_llm.modules.LatentThoughtsModule` feeds the fused latent. Stage 2 trains with α = 1
-(Coconut-like hidden-state feedback), stage 3 with the fusion α ≈ 0.55, T = 1, top-p 0.9.
+from those explicit items, as the authors' ``dataset.py`` (``ConfidenceThinkingStrategy``,
+``ThinkingTokenStrategy.apply``) does: the current model scores every response token teacher-forced; the tokens
+whose confidence :math:`p_\theta(y_t \mid y_{<t})` is below the stage's threshold τ (0.3 entering stage 2, 0.2
+entering stage 3) are the candidate sites; at most ``max_sites`` of them (10, then 16) are kept, a random subset
+when there are more; each kept site gets a ``<thinking>`` before its token with probability ``insertion_prob``
+(0.85, then 0.95), and then a second one with probability ``second_prob`` (0.15, then 0.2). The inserted
+``<thinking>`` is a trained target, so the model learns to ask for a latent step right before a hard token; at
+those positions :class:`~lightning_llm.modules.LatentThoughtsModule` feeds the latent. Stage 2 trains with
+α = 1 (the authors' ``hidden_state`` mode), stage 3 with the fusion α = 0.6, T = 1, top-p 0.9 (``soft_fusion``).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +29,7 @@ from lightning_llm.backbones import eval_mode
 from lightning_llm.datamodules.sources import IGNORE_INDEX, pad_sequences
 from lightning_llm.lm import last_hidden_states
 
-__all__ = ["LatentThoughtsCurriculum", "insert_thinking", "token_confidence"]
+__all__ = ["LatentThoughtsCurriculum", "insert_thinking", "rebuild_with_thinking", "token_confidence"]
 
 
 @torch.no_grad()
@@ -63,23 +67,96 @@ def insert_thinking(
     threshold: float,
     thinking_id: int,
     skip: Sequence[int] = (),
+    max_sites: int | None = None,
+    insertion_prob: float = 1.0,
+    second_prob: float = 0.0,
+    rng: random.Random | None = None,
 ) -> dict[str, Tensor]:
-    """A copy of ``item`` with a trained ``<thinking>`` before every label token of confidence < ``threshold``.
+    """A copy of ``item`` with trained ``<thinking>`` tokens before label tokens of confidence < ``threshold``.
 
-    Tokens in ``skip`` (e.g. eos, whose position is fixed by the template) never get one. Existing
-    ``<thinking>`` tokens are kept as they are.
+    The *sites* are the label tokens whose confidence is below ``threshold`` (NaN never is), except tokens in
+    ``skip`` (e.g. eos, whose position is fixed by the template) and existing ``<thinking>`` tokens, which are
+    kept as they are. With the defaults every site gets one ``<thinking>``. Otherwise, as the authors'
+    ``ThinkingTokenStrategy.apply``: at most ``max_sites`` sites are kept (a sorted random sample when there are
+    more), each kept site gets a ``<thinking>`` with probability ``insertion_prob`` and, if it got one, a second
+    with probability ``second_prob``. ``rng`` draws those choices (required when any of them is random).
     """
+    if max_sites is not None and max_sites < 0:
+        raise ValueError(f"max_sites must be >= 0 or None, got {max_sites}")
+    if not (0.0 <= insertion_prob <= 1.0 and 0.0 <= second_prob <= 1.0):
+        raise ValueError(
+            f"insertion_prob and second_prob must be in [0, 1], got {insertion_prob}, {second_prob}"
+        )
     ids, labels = item["input_ids"].tolist(), item["labels"].tolist()
+    sites = [
+        t
+        for t, (token, label, conf) in enumerate(zip(ids, labels, confidence.tolist(), strict=True))
+        if label != IGNORE_INDEX
+        and conf == conf
+        and conf < threshold  # conf == conf: not NaN
+        and token not in skip
+        and token != thinking_id
+    ]
+    random_choice = (
+        (max_sites is not None and len(sites) > max_sites) or insertion_prob < 1.0 or second_prob > 0.0
+    )
+    if random_choice and rng is None:
+        raise ValueError(
+            "insert_thinking needs an rng when max_sites, insertion_prob or second_prob draw at random"
+        )
+    if max_sites is not None and len(sites) > max_sites:
+        sites = sorted(rng.sample(sites, max_sites))
+    count = dict.fromkeys(sites, 0)
+    for t in sites:
+        if insertion_prob < 1.0 and rng.random() > insertion_prob:
+            continue
+        count[t] = 1
+        if second_prob > 0.0 and rng.random() < second_prob:
+            count[t] = 2
     new_ids: list[int] = []
     new_labels: list[int] = []
-    for token, label, conf in zip(ids, labels, confidence.tolist(), strict=True):
-        hard = label != IGNORE_INDEX and conf == conf and conf < threshold  # conf == conf: not NaN
-        if hard and token not in skip and token != thinking_id:
-            new_ids.append(thinking_id)
-            new_labels.append(thinking_id)
+    for t, (token, label) in enumerate(zip(ids, labels, strict=True)):
+        new_ids.extend([thinking_id] * count.get(t, 0))
+        new_labels.extend([thinking_id] * count.get(t, 0))
         new_ids.append(token)
         new_labels.append(label)
     return {"input_ids": torch.tensor(new_ids), "labels": torch.tensor(new_labels)}
+
+
+def rebuild_with_thinking(
+    model: torch.nn.Module,
+    explicit: Sequence[dict[str, Tensor]],
+    *,
+    threshold: float,
+    thinking_id: int,
+    pad_id: int,
+    skip: Sequence[int] = (),
+    max_sites: int | None = None,
+    insertion_prob: float = 1.0,
+    second_prob: float = 0.0,
+    seed: int | str = 0,
+    batch_size: int = 32,
+) -> list[dict[str, Tensor]]:
+    """One curriculum rebuild: score ``explicit`` items with ``model`` and :func:`insert_thinking` into each.
+
+    Item ``i`` draws its random choices from ``random.Random`` seeded with ``(seed, i)``, so a rebuild does not
+    depend on batch order or on the other items.
+    """
+    confidence = token_confidence(model, explicit, pad_id=pad_id, batch_size=batch_size)
+    return [
+        insert_thinking(
+            item,
+            conf,
+            threshold=threshold,
+            thinking_id=thinking_id,
+            skip=skip,
+            max_sites=max_sites,
+            insertion_prob=insertion_prob,
+            second_prob=second_prob,
+            rng=random.Random(f"{seed}:{i}"),
+        )
+        for i, (item, conf) in enumerate(zip(explicit, confidence, strict=True))
+    ]
 
 
 def _strip_thinking(item: dict[str, Tensor], thinking_id: int) -> dict[str, Tensor]:
@@ -100,25 +177,47 @@ class LatentThoughtsCurriculum(Callback):
     on the same data with the same fusion.
 
     Args:
-        stage_epochs: Epochs of stage 1 (explicit CoT) and of stage 2 (α = 1).
-        thresholds: Confidence thresholds τ for the rebuilds entering stage 2 and stage 3.
-        alpha, temperature, top_p: The fusion of stage 3 (the paper's α ≈ 0.5–0.6, T = 1, top-p 0.9).
+        stage_epochs: Epochs of stage 1 (explicit CoT) and of stage 2 (α = 1). The authors' README gives
+            1, 2 and 7 epochs for the three stages.
+        thresholds: Confidence thresholds τ for the rebuilds entering stage 2 and stage 3 (the authors'
+            ``reinforce_prob_threshold``).
+        max_sites: At most this many ``<thinking>`` sites per item in each rebuild (the authors'
+            ``labels_per_stage``); ``None`` entries: no cap.
+        insertion_prob: Probability that a kept site gets a ``<thinking>`` (``thinking_insertion_prob``).
+        second_prob: Probability of a second, consecutive ``<thinking>`` at a site that got one
+            (``thinking_secondary_insertion_prob``).
+        alpha, temperature, top_p: The fusion of stage 3 (the authors' ``fusion_alpha`` 0.6 for the fusion
+            stage, ``fusion_temperature`` 1, ``fusion_top_p`` 0.9).
+        seed: Seeds the random choices of the rebuilds (per stage and item).
         batch_size: Items per forward when scoring confidence.
+
+    ``max_sites=(None, None), insertion_prob=(1, 1), second_prob=(0, 0)`` inserts one ``<thinking>`` before
+    every token below τ (this library's rule before it followed the authors' code).
     """
 
     def __init__(
         self,
         stage_epochs: tuple[int, int] = (1, 1),
         thresholds: tuple[float, float] = (0.3, 0.2),
-        alpha: float = 0.55,
+        alpha: float = 0.6,
         temperature: float = 1.0,
         top_p: float = 0.9,
         batch_size: int = 32,
+        *,
+        max_sites: tuple[int | None, int | None] = (10, 16),
+        insertion_prob: tuple[float, float] = (0.85, 0.95),
+        second_prob: tuple[float, float] = (0.15, 0.2),
+        seed: int = 0,
     ) -> None:
         if len(stage_epochs) != 2 or min(stage_epochs) < 1:
             raise ValueError(f"stage_epochs must be two positive epoch counts, got {stage_epochs}")
         if len(thresholds) != 2 or not all(0.0 < t <= 1.0 for t in thresholds):
             raise ValueError(f"thresholds must be two confidences in (0, 1], got {thresholds}")
+        if len(max_sites) != 2 or any(m is not None and m < 0 for m in max_sites):
+            raise ValueError(f"max_sites must be two counts >= 0 (or None), got {max_sites}")
+        for name, probs in (("insertion_prob", insertion_prob), ("second_prob", second_prob)):
+            if len(probs) != 2 or not all(0.0 <= p <= 1.0 for p in probs):
+                raise ValueError(f"{name} must be two probabilities in [0, 1], got {probs}")
         from lightning_llm.modules.latent_thoughts import check_fusion
 
         check_fusion(alpha, temperature, top_p)
@@ -126,6 +225,10 @@ class LatentThoughtsCurriculum(Callback):
         self.thresholds = tuple(float(t) for t in thresholds)
         self.alpha, self.temperature, self.top_p = float(alpha), float(temperature), float(top_p)
         self.batch_size = batch_size
+        self.max_sites = tuple(None if m is None else int(m) for m in max_sites)
+        self.insertion_prob = tuple(float(p) for p in insertion_prob)
+        self.second_prob = tuple(float(p) for p in second_prob)
+        self.seed = int(seed)
         self.stage = 1
         self.inserted = 0
         self._items: list[dict[str, Tensor]] | None = None
@@ -168,15 +271,21 @@ class LatentThoughtsCurriculum(Callback):
             return
         data = trainer.datamodule
         explicit = [_strip_thinking(item, pl_module.thinking_id) for item in data.train_items]
-        confidence = token_confidence(
-            pl_module.model, explicit, pad_id=pl_module.tokenizer.pad_token_id, batch_size=self.batch_size
+        k = upcoming - 2
+        threshold = self.thresholds[k]
+        items = rebuild_with_thinking(
+            pl_module.model,
+            explicit,
+            threshold=threshold,
+            thinking_id=pl_module.thinking_id,
+            pad_id=pl_module.tokenizer.pad_token_id,
+            skip=[t for t in (pl_module.tokenizer.eos_token_id,) if t is not None],
+            max_sites=self.max_sites[k],
+            insertion_prob=self.insertion_prob[k],
+            second_prob=self.second_prob[k],
+            seed=f"{self.seed}:{upcoming}",
+            batch_size=self.batch_size,
         )
-        threshold = self.thresholds[upcoming - 2]
-        skip = [t for t in (pl_module.tokenizer.eos_token_id,) if t is not None]
-        items = [
-            insert_thinking(item, conf, threshold=threshold, thinking_id=pl_module.thinking_id, skip=skip)
-            for item, conf in zip(explicit, confidence, strict=True)
-        ]
         self.inserted = sum(
             len(new["input_ids"]) - len(old["input_ids"]) for new, old in zip(items, explicit, strict=True)
         )

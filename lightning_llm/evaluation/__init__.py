@@ -76,6 +76,7 @@ from lightning_llm.evaluation.steering import (
     sector_predictability,
     steerability,
     steerability_correlation,
+    steerability_relation,
     steered_generations,
 )
 
@@ -139,6 +140,7 @@ __all__ = [
     "spearman",
     "steerability",
     "steerability_correlation",
+    "steerability_relation",
     "steered_generations",
     "structure_stats",
     "synthetic_research_world",

@@ -57,6 +57,7 @@ __all__ = [
     "sector_predictability",
     "steerability",
     "steerability_correlation",
+    "steerability_relation",
     "steered_generations",
 ]
 
@@ -79,22 +80,29 @@ def _fold_ids(n: int, folds: int, seed: int) -> Tensor:
 class CylindricalAnalysis:
     r"""CRH geometry of per-sample difference vectors :math:`d_q` (``[N, D]``; computed in float64).
 
+    ``axis`` defaults to the samples' own mean difference. The authors measure held-out samples against the
+    axis of the *training* questions (``penalty_exp/*``, ``compute_diffmean_from_training`` then
+    ``compute_angle_components``): pass that mean as ``axis``, or use :meth:`held_out`.
+
     Attributes (all tensors, float64):
         differences: the :math:`d_q`, ``[N, D]``.
-        axis: :math:`a = \mathrm{mean}_q d_q`, ``[D]``; ``axis_unit`` is :math:`\hat a`.
+        axis: :math:`a` (by default :math:`\mathrm{mean}_q d_q`), ``[D]``; ``axis_unit`` is :math:`\hat a`.
         axial: :math:`\langle d_q, \hat a\rangle`, ``[N]``.
         cos_theta / sin_theta / theta: :math:`\cos\theta_q`, :math:`\sin\theta_q = \sqrt{1-\cos^2\theta_q}`,
             :math:`\theta_q \in [0, \pi]`, ``[N]``.
-        normal_components: :math:`d_q - \langle d_q,\hat a\rangle\hat a`, ``[N, D]`` (they sum to zero).
+        normal_components: :math:`d_q - \langle d_q,\hat a\rangle\hat a`, ``[N, D]`` (they sum to zero when
+            the axis is the samples' own mean).
         normal_directions: :math:`u_q`, ``[N, D]`` (zero where the normal component vanishes).
     """
 
-    def __init__(self, differences: Tensor) -> None:
+    def __init__(self, differences: Tensor, axis: Tensor | None = None) -> None:
         if differences.ndim != 2 or differences.shape[0] < 2:
             raise ValueError(f"differences must be [N >= 2, D], got {tuple(differences.shape)}")
         d = differences.detach().to(torch.float64).cpu()
+        if axis is not None and tuple(axis.shape) != (d.shape[1],):
+            raise ValueError(f"axis must be [{d.shape[1]}], got {tuple(axis.shape)}")
         self.differences = d
-        self.axis = d.mean(0)
+        self.axis = d.mean(0) if axis is None else axis.detach().to(torch.float64).cpu()
         norm = self.axis.norm()
         if norm <= _EPS:
             raise ValueError("the mean difference is zero: there is no axis")
@@ -109,17 +117,39 @@ class CylindricalAnalysis:
             lengths > _EPS, self.normal_components / lengths.clamp_min(_EPS), 0.0
         )
 
+    @classmethod
+    def held_out(cls, train: Tensor, differences: Tensor) -> CylindricalAnalysis:
+        """The geometry of ``differences`` against the axis of other samples, ``train`` (``[M >= 1, D]``).
+
+        The authors' protocol: the axis (their *diffmean*) is the mean difference of the training questions of
+        a concept, and each test question's angle is measured against it.
+        """
+        if train.ndim != 2 or train.shape[0] < 1:
+            raise ValueError(f"train must be [M >= 1, D], got {tuple(train.shape)}")
+        return cls(differences, axis=train.detach().to(torch.float64).cpu().mean(0))
+
     @property
     def num_samples(self) -> int:
         return self.differences.shape[0]
+
+    def length_grid(self, steps: int = 25, max_multiple: float = 3.0) -> Tensor:
+        r"""The authors' steering lengths: ``steps`` equal steps up to ``max_multiple`` :math:`\lVert a\rVert`.
+
+        ``linspace(0, max_multiple * ‖a‖, steps + 1)[1:]`` (``penalty_exp/*``: 25 steps to 3 ‖a‖), ``[steps]``.
+        """
+        if steps < 2 or max_multiple <= 0:
+            raise ValueError(f"steps must be >= 2 and max_multiple > 0, got {steps}, {max_multiple}")
+        return torch.linspace(0.0, max_multiple * float(self.axis.norm()), steps + 1, dtype=torch.float64)[1:]
 
     # ------------------------------------------------------------------ the normal plane
 
     def normal_plane(self, k: int = 2) -> Tensor:
         r"""``[k, D]`` orthonormal basis of the principal subspace of the normal components.
 
-        The top-``k`` right singular vectors of :math:`[d_q - \langle d_q,\hat a\rangle\hat a]_q` (PCA: these
-        components already have mean zero, since :math:`\frac1N\sum_q \langle d_q,\hat a\rangle\hat a = a`).
+        The top-``k`` right singular vectors of :math:`[d_q - \langle d_q,\hat a\rangle\hat a]_q` (PCA when the
+        axis is the samples' own mean: these components then have mean zero, since
+        :math:`\frac1N\sum_q \langle d_q,\hat a\rangle\hat a = a`; with a held-out axis, the uncentred basis).
+        The authors' code has no such plane: this is our reading of the paper's normal plane.
         """
         _, _, vh = torch.linalg.svd(self.normal_components, full_matrices=False)
         if not 1 <= k <= vh.shape[0]:
@@ -210,13 +240,19 @@ class Steerability:
 
     Attributes:
         per_sample: ``[S]`` the first ``L`` at which a sample's success reaches the threshold (``inf``: never).
+            Ours: the authors' code has no per-sample steerability.
         slope: least-squares slope of the mean success over samples vs ``L`` (per concept).
         lengths: the grid.
+        step_slope: the authors' steerability (``visualization/sincos_rel.py``,
+            ``calculate_steerability_from_all_outputs``): the least-squares slope of the mean success over
+            samples vs the *step number* 1, 2, …, ``len(lengths)``. On the authors' grid (equal steps up to
+            3 ‖a‖, :meth:`CylindricalAnalysis.length_grid`) it is ``slope`` times the step ``3 ‖a‖ / 25``.
     """
 
     per_sample: Tensor
     slope: float
     lengths: Tensor
+    step_slope: float
 
 
 def steerability(success: Tensor, lengths: Sequence[float], threshold: float = 0.5) -> Steerability:
@@ -232,9 +268,14 @@ def steerability(success: Tensor, lengths: Sequence[float], threshold: float = 0
     first = reached.to(torch.int8).argmax(-1)
     per_sample = torch.where(reached.any(-1), grid[first], torch.tensor(math.inf, dtype=torch.float64))
     mean = s.mean(0)
-    centred = grid - grid.mean()
-    slope = float((centred * (mean - mean.mean())).sum() / (centred**2).sum())
-    return Steerability(per_sample=per_sample, slope=slope, lengths=grid)
+    slope = _ls_slope(grid, mean)
+    steps = torch.arange(1, len(grid) + 1, dtype=torch.float64)
+    return Steerability(per_sample=per_sample, slope=slope, lengths=grid, step_slope=_ls_slope(steps, mean))
+
+
+def _ls_slope(x: Tensor, y: Tensor) -> float:
+    centred = x - x.mean()
+    return float((centred * (y - y.mean())).sum() / (centred**2).sum())
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -285,6 +326,45 @@ def steerability_correlation(
         out[f"pearson_{name}"] = _pearson(s, x) if ok else math.nan
         out[f"spearman_{name}"] = _pearson(_ranks(s), _ranks(x)) if ok else math.nan
     return out
+
+
+def steerability_relation(
+    sin_theta: Tensor,
+    cos_theta: Tensor,
+    steerability: Tensor,
+    axis_norm: Tensor,
+    *,
+    power: float = 2.0,
+    cos_power: float = 0.0,
+) -> dict[str, float]:
+    r"""The authors' steerability–angle relation: Pearson :math:`r` of :math:`x_q` and :math:`y_q` over samples.
+
+    .. math::
+        x_q = \sin^{P}\theta_q\, \cos^{c}\theta_q, \qquad y_q = s_{c(q)} / \lVert a_{c(q)}\rVert^{P}
+
+    with :math:`s` the steerability of sample :math:`q`'s concept (its :attr:`Steerability.step_slope`, the same
+    for every sample of a concept) and :math:`a` that concept's axis; ``power`` is :math:`P`, ``cos_power``
+    :math:`c`. Inputs are per sample (``[N]``), pooled over concepts. This is ``visualization/sincos_rel.py``
+    for one exponent pair (there :math:`c = p - t` with :math:`p + t = P`); the authors plot, for each
+    :math:`P`, the *largest* :math:`r` over a grid of :math:`p`, a maximum over exponents that a caller doing
+    the same search must account for. Returns ``{"pearson", "n"}`` (``nan`` below 3 finite samples or for a
+    constant side).
+    """
+    arrays = [
+        torch.as_tensor(v, dtype=torch.float64).cpu().numpy()
+        for v in (sin_theta, cos_theta, steerability, axis_norm)
+    ]
+    sin, cos, steer, norm = arrays
+    if not sin.shape == cos.shape == steer.shape == norm.shape or sin.ndim != 1:
+        raise ValueError("sin_theta, cos_theta, steerability and axis_norm must be 1-D of the same length")
+    if bool((norm <= 0).any()):
+        raise ValueError("axis_norm must be positive")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.abs(sin) ** power * np.abs(cos) ** cos_power
+        y = steer / norm**power
+    keep = np.isfinite(x) & np.isfinite(y)
+    n = int(keep.sum())
+    return {"pearson": _pearson(x[keep], y[keep]) if n >= 3 else math.nan, "n": float(n)}
 
 
 # -------------------------------------------------------------------------------------------- the sector

@@ -11,7 +11,13 @@ read that token's embedding; it reads a *latent* built from the previous positio
 
 where :math:`h_{t-1}` is the last hidden state (after the final norm), :math:`\ell_{t-1} = W h_{t-1}` its logits
 and :math:`E` the input embedding matrix. With α = 1 this is Coconut's continuous thought (the hidden state fed
-back as the next input); the paper's fusion uses α ≈ 0.5–0.6, T = 1, top-p 0.9.
+back as the next input); the authors' fusion stage uses α = 0.6, T = 1, top-p 0.9 (``configs/example_config.yaml``).
+
+At inference the switch is the authors' (``model.py``, ``LT_Tuning_Model.generate``): greedy decoding, and a
+step is latent exactly when the argmax of the last logits is ``<thinking>``. There is no confidence threshold
+at inference: *confidence-driven insertion* is how the training data is built
+(:class:`~lightning_llm.callbacks.LatentThoughtsCurriculum`), which teaches the model to emit ``<thinking>``
+where it was unsure. A latent span ends when the argmax is anything else.
 
 Training runs the decoder **segment by segment** over a KV cache, cutting before every column that holds a
 ``<thinking>`` token, so a latent is computed from the hidden state of the same forward pass and gradients flow
@@ -53,11 +59,13 @@ THINKING_TOKEN = "<thinking>"
 def top_p_distribution(
     logits: Tensor, *, temperature: float = 1.0, top_p: float = 0.9, exclude: int | None = None
 ) -> Tensor:
-    """``softmax(logits / T)`` restricted to its nucleus (smallest set of mass ≥ ``top_p``), renormalised.
+    """``softmax(logits / T)`` restricted to its nucleus, renormalised.
 
-    ``exclude`` (the ``<thinking>`` id) gets probability 0 *before* the nucleus is taken: a latent predicts the
-    next real token, never another latent. The most likely token is always kept, so the result is a
-    distribution even for ``top_p`` → 0.
+    The nucleus is the authors' (``model.py``, ``LT_Tuning_Model._soft_fusion_embedding``): the tokens, most
+    likely first, whose *cumulative* probability is at most ``top_p``, i.e. the largest such prefix (not the
+    smallest prefix of mass ≥ ``top_p`` that sampling libraries use). The most likely token is always kept, so
+    the result is a distribution even when it alone exceeds ``top_p``. ``exclude`` (the ``<thinking>`` id) gets
+    probability 0 *before* the nucleus is taken: a latent predicts the next real token, never another latent.
     """
     check_fusion(0.0, temperature, top_p)
     scaled = logits.float() / temperature
@@ -67,8 +75,9 @@ def top_p_distribution(
     probs = scaled.softmax(dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # Keep a token if the mass strictly before it is below top_p (so the top token is always kept).
-        keep_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) < top_p
+        # Keep a token if the mass up to and including it is at most top_p; the top token is always kept.
+        keep_sorted = sorted_probs.cumsum(dim=-1) <= top_p
+        keep_sorted[..., 0] = True
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
         probs = probs * keep
         probs = probs / probs.sum(dim=-1, keepdim=True)
@@ -182,15 +191,16 @@ class LatentThoughtsModule(CausalLMModule):
     model's tokenizer (another one is refused at setup by the DataModule's tokenizer check).
 
     Args:
-        alpha: Fusion weight α of the context part (1 = Coconut).
+        alpha: Fusion weight α of the context part (1 = Coconut; 0.6 is the authors' fusion stage).
         temperature: T of the prediction part's softmax.
         top_p: Nucleus of the prediction part.
         match_embedding_norm: See :func:`fuse_latent` (our reading, off by default: the paper's formula as
             written). On the tiny backbone the prediction part is then ~1 % of the latent; with it on, the
             two parts have equal scale, but in our runs the fused latents collapsed *more* (tutorial 10).
         num_latents: Coconut mode: the fixed number of latent steps forced at the start of each response.
-        max_latent_steps: Cap on latent steps per response in dynamic generation (a model that keeps
-            predicting ``<thinking>`` then has to answer).
+        max_latent_steps: Optional cap on latent steps per response in dynamic generation (a model that keeps
+            predicting ``<thinking>`` then has to answer). ``None`` (default): no cap, as in the authors'
+            ``generate``; ``max_new_tokens`` still bounds the response.
         **kwargs: The arguments of :class:`CausalLMModule` (model, lr, ...).
     """
 
@@ -198,18 +208,18 @@ class LatentThoughtsModule(CausalLMModule):
         self,
         model: str = "tiny",
         *,
-        alpha: float = 0.55,
+        alpha: float = 0.6,
         temperature: float = 1.0,
         top_p: float = 0.9,
         match_embedding_norm: bool = False,
         num_latents: int | None = None,
-        max_latent_steps: int = 16,
+        max_latent_steps: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
         if num_latents is not None and num_latents < 1:
             raise ValueError(f"num_latents must be >= 1 or None, got {num_latents}")
-        if max_latent_steps < 0:
+        if max_latent_steps is not None and max_latent_steps < 0:
             raise ValueError(f"max_latent_steps must be >= 0, got {max_latent_steps}")
         check_fusion(alpha, temperature, top_p)
         self.thinking_id = self._ensure_thinking_token()
@@ -365,10 +375,10 @@ class LatentThoughtsModule(CausalLMModule):
         """Greedy decoding with latent steps, from left-padded prompts.
 
         At each step the last position's logits decide: with ``num_latents=k`` the first ``k`` steps are
-        latent (Coconut); otherwise a step is latent when the argmax is ``<thinking>`` and the row has taken
-        fewer than ``max_latent_steps`` latent steps (past the cap the best non-``<thinking>`` token is
-        taken). A latent step feeds the fused embedding back and emits no text. Latent steps count towards
-        ``max_new_tokens``.
+        latent (Coconut); otherwise a step is latent when the argmax is ``<thinking>`` (the authors' rule) and,
+        if ``max_latent_steps`` is set, the row has taken fewer latent steps than that (past the cap the best
+        non-``<thinking>`` token is taken). A latent step feeds the fused embedding of the same position's
+        hidden state and logits back and emits no text. Latent steps count towards ``max_new_tokens``.
         """
         from transformers import DynamicCache
 
@@ -401,7 +411,9 @@ class LatentThoughtsModule(CausalLMModule):
                     logits[:, self.thinking_id] = float("-inf")
                 else:
                     taken = torch.tensor([len(chain) for chain in latents], device=done.device)
-                    latent = (logits.argmax(-1) == self.thinking_id) & (taken < hp.max_latent_steps)
+                    latent = logits.argmax(-1) == self.thinking_id
+                    if hp.max_latent_steps is not None:
+                        latent = latent & (taken < hp.max_latent_steps)
                     logits[:, self.thinking_id] = float("-inf")
                 latent = latent & ~done
                 choice = logits.argmax(-1)

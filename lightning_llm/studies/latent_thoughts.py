@@ -7,8 +7,8 @@ left to right) and scored on the same held-out prompts:
 - ``coconut``: ``latent_steps`` untrained ``<thinking>`` placeholders per reasoning step instead of the chain,
   fed back at α = 1 (the hidden state), and that fixed count forced at generation (``num_latents``).
 - ``lt_tuning``: :class:`~lightning_llm.callbacks.LatentThoughtsCurriculum` with one epoch per stage (CoT, then
-  ``<thinking>`` inserted before low-confidence tokens at α = 1, then the fusion α = 0.55), and dynamic
-  ``<thinking>`` switching at generation.
+  ``<thinking>`` inserted before low-confidence tokens at α = 1, then the fusion at the curriculum's α, 0.6),
+  and dynamic ``<thinking>`` switching at generation (a latent step whenever the argmax is ``<thinking>``).
 
 Every arm trains ``3 × epoch`` steps on the same ``num_train`` items (the curriculum's rebuilt items are as
 many), with LoRA on the attention and MLP projections. With ``--train-thinking-row`` (default on) the

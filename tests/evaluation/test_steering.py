@@ -15,6 +15,7 @@ from lightning_llm.evaluation import (
     sector_predictability,
     steerability,
     steerability_correlation,
+    steerability_relation,
 )
 
 D, N = 32, 200
@@ -118,6 +119,61 @@ def test_sweep_steerability_and_correlation():
     assert capped["n"] == 4 and capped["spearman_sin"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="increasing"):
         steerability(torch.zeros(2, 3), [0.0, 2.0, 1.0])
+
+
+def test_held_out_axis_measures_test_angles_against_the_training_mean():
+    # Training questions all point along e1 (their mean is 2·e1). Test questions at 60° and 30° from e1: their
+    # own mean lies between them (±15°), the authors' held-out axis gives the true 60° and 30°.
+    e = torch.eye(3, dtype=torch.float64)
+    train = torch.stack([2.0 * e[0], 2.0 * e[0] + 0.5 * e[2], 2.0 * e[0] - 0.5 * e[2]])
+    angles = torch.tensor([math.pi / 3, math.pi / 6], dtype=torch.float64)
+    test = 3.0 * (torch.cos(angles)[:, None] * e[0] + torch.sin(angles)[:, None] * e[1])
+    held = CylindricalAnalysis.held_out(train, test)
+    torch.testing.assert_close(held.axis, 2.0 * e[0])
+    torch.testing.assert_close(held.cos_theta, torch.cos(angles))
+    torch.testing.assert_close(held.sin_theta, torch.sin(angles))
+    torch.testing.assert_close(held.normal_directions, e[1].expand(2, 3))
+    own = CylindricalAnalysis(test)
+    torch.testing.assert_close(own.theta, torch.full((2,), math.pi / 12, dtype=torch.float64))
+    # The penalty vector at p = 1 is the training axis direction scaled by L cos θ.
+    torch.testing.assert_close(held.penalty_vector(0, 4.0, 1.0), 4.0 * 0.5 * e[0])
+    with pytest.raises(ValueError, match="axis must be"):
+        CylindricalAnalysis(test, axis=torch.ones(2))
+
+
+def test_authors_length_grid_and_step_slope():
+    d = torch.tensor([[2.0, 0.0], [2.0, 1.0], [2.0, -1.0]], dtype=torch.float64)  # ‖a‖ = 2
+    grid = CylindricalAnalysis(d).length_grid()
+    torch.testing.assert_close(grid, torch.arange(1, 26, dtype=torch.float64) * 6.0 / 25)
+    # Success rises by 1/3 per step on a doubling grid: the authors' slope is per step, ours per unit of L.
+    lengths = [1.0, 2.0, 4.0, 8.0]
+    success = torch.tensor([[0.0, 1 / 3, 2 / 3, 1.0]])
+    st = steerability(success, lengths)
+    assert st.step_slope == pytest.approx(1 / 3)
+    centred = torch.tensor(lengths) - 3.75
+    assert st.slope == pytest.approx(float((centred * (success[0] - 0.5)).sum() / (centred**2).sum()))
+    # On the authors' equal-step grid the two differ by the step length.
+    rates = torch.linspace(0.0, 1.0, 25, dtype=torch.float64)[None]
+    on_grid = steerability(rates, grid)
+    assert on_grid.step_slope == pytest.approx(on_grid.slope * 6.0 / 25)
+
+
+def test_authors_relation_is_one_for_an_exact_power_law_and_uses_both_exponents():
+    g = torch.Generator().manual_seed(0)
+    theta = 0.2 + 1.2 * torch.rand(30, generator=g, dtype=torch.float64)
+    norm = 1.0 + 3.0 * torch.rand(30, generator=g, dtype=torch.float64)
+    # s = 0.7 · ‖a‖^P · sin^P θ · cos^c θ: y = s / ‖a‖^P is exactly 0.7 x.
+    steer = 0.7 * norm**2.5 * torch.sin(theta) ** 2.5 * torch.cos(theta) ** -0.5
+    exact = steerability_relation(torch.sin(theta), torch.cos(theta), steer, norm, power=2.5, cos_power=-0.5)
+    assert exact["pearson"] == pytest.approx(1.0) and exact["n"] == 30
+    off = steerability_relation(torch.sin(theta), torch.cos(theta), steer, norm, power=2.5, cos_power=1.5)
+    assert off["pearson"] < 0.99
+    unnormalised = steerability_relation(
+        torch.sin(theta), torch.cos(theta), steer, norm, power=0.0, cos_power=-0.5
+    )
+    assert unnormalised["pearson"] < 0.99
+    with pytest.raises(ValueError, match="positive"):
+        steerability_relation(torch.ones(3), torch.ones(3), torch.ones(3), torch.zeros(3))
 
 
 def test_spearman_handles_ties():

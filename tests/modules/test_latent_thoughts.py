@@ -1,14 +1,15 @@
 """LT-Tuning (arXiv 2602.10229): fusion formula, Coconut reduction, the segment-wise latent forward, dynamic
 generation, collapse statistics and the three-stage curriculum."""
 
-import itertools
+import random
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
 
 from lightning_llm.callbacks import LatentThoughtsCurriculum
-from lightning_llm.callbacks.latent_thoughts import insert_thinking, token_confidence
+from lightning_llm.callbacks.latent_thoughts import insert_thinking, rebuild_with_thinking, token_confidence
 from lightning_llm.datamodules import ChatSFTDataModule
 from lightning_llm.datamodules.sources import IGNORE_INDEX
 from lightning_llm.datamodules.tasks import ArithmeticTask
@@ -34,6 +35,16 @@ def test_fusion_equals_its_formula_on_a_hand_built_example():
     # top-p 0.5: the nucleus is token 1 alone (mass before it is 0 < 0.5; before token 0 it is 0.75).
     out = fuse_latent(h, logits, E, alpha=0.25, top_p=0.5, thinking_id=2)
     torch.testing.assert_close(out, 0.25 * h + 0.75 * E[1])
+
+
+def test_nucleus_is_the_authors_largest_prefix_within_top_p():
+    # Sorted probabilities 0.5, 0.3, 0.2: cumulative 0.5, 0.8, 1.0. The authors keep the tokens whose cumulative
+    # mass is <= 0.9 (the first two), not the smallest prefix reaching 0.9 (all three).
+    logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    q = top_p_distribution(logits, top_p=0.9)
+    torch.testing.assert_close(q, torch.tensor([[0.625, 0.375, 0.0]]))
+    # The top token alone exceeds top_p: it is still kept.
+    torch.testing.assert_close(top_p_distribution(logits, top_p=0.4), torch.tensor([[1.0, 0.0, 0.0]]))
 
 
 def test_temperature_flattens_the_prediction_part():
@@ -136,6 +147,117 @@ def test_generation_forces_coconut_latents_and_caps_dynamic_ones(tiny_backbone):
     assert out["latent_steps"] == [2] and out["explicit_tokens"][0] == 3
 
 
+def test_dynamic_generation_enters_latent_mode_exactly_where_thinking_is_the_argmax(tiny_backbone):
+    # The authors' switch: a step is latent iff the argmax is <thinking>. Make it the argmax at step 2 only.
+    torch.manual_seed(0)
+    module = LatentThoughtsModule(alpha=0.6)
+    plain = module._logits
+    calls = []
+
+    def thinking_at_step_two(hidden):
+        logits = plain(hidden).clone()
+        if len(calls) == 2:
+            logits[:, module.thinking_id] = 1e4
+        calls.append(len(calls))
+        return logits
+
+    module._logits = thinking_at_step_two
+    enc = module.tokenizer(
+        ["<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"], return_tensors="pt"
+    )
+    reference = LatentThoughtsModule(alpha=0.6)
+    reference.model.load_state_dict(module.model.state_dict())
+    ref = reference.generate_latent(enc["input_ids"], enc["attention_mask"], max_new_tokens=2)
+    out = module.generate_latent(enc["input_ids"], enc["attention_mask"], max_new_tokens=5)
+    assert out["latent_steps"] == [1] and out["explicit_tokens"] == [4]
+    # Steps 0 and 1 are the unsteered model's tokens; the latent came third.
+    assert ref["explicit_tokens"] == [2]
+    first_two = module.tokenizer(out["texts"][0], add_special_tokens=False)["input_ids"][:2]
+    assert first_two == module.tokenizer(ref["texts"][0], add_special_tokens=False)["input_ids"][:2]
+
+
+def _bigram_model(vocab: int, hard_after: int, thinking_id: int):
+    """A stub causal LM whose next-token distribution depends on the current token only: after token ``u`` it
+    predicts ``u + 1`` with logit 10 against 0 for every other token, except after ``hard_after``, where all
+    logits are 0 (confidence ``1 / vocab`` for any next token)."""
+    weight = torch.zeros(vocab, vocab)  # weight[v, u]: logit of next token v after token u
+    for u in range(vocab):
+        if u != hard_after and u + 1 < vocab and u + 1 != thinking_id:
+            weight[u + 1, u] = 10.0
+    head = torch.nn.Linear(vocab, vocab, bias=False)
+    head.weight.data = weight
+
+    class Decoder(torch.nn.Module):
+        def forward(self, input_ids, **_):
+            return SimpleNamespace(last_hidden_state=torch.nn.functional.one_hot(input_ids, vocab).float())
+
+    class Bigram(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.decoder, self.head = Decoder(), head
+
+        def get_decoder(self):
+            return self.decoder
+
+        def get_output_embeddings(self):
+            return self.head
+
+    return Bigram()
+
+
+def test_rebuild_inserts_thinking_where_the_model_confidence_is_below_threshold():
+    # Tokens 0..6, <thinking> = 7. The model is sure of every next token except after token 3 (p = 1/8).
+    model = _bigram_model(8, hard_after=3, thinking_id=7)
+    item = {"input_ids": torch.arange(7), "labels": torch.tensor([IGNORE_INDEX, IGNORE_INDEX, 2, 3, 4, 5, 6])}
+    (conf,) = token_confidence(model, [item], pad_id=0)
+    assert conf[4].item() == pytest.approx(1 / 8) and bool(
+        (conf[2:4] > 0.99).all() and (conf[5:] > 0.99).all()
+    )
+    (out,) = rebuild_with_thinking(model, [item], threshold=0.3, thinking_id=7, pad_id=0)
+    assert out["input_ids"].tolist() == [0, 1, 2, 3, 7, 4, 5, 6]  # the latent goes right before token 4
+    assert out["labels"].tolist() == [IGNORE_INDEX, IGNORE_INDEX, 2, 3, 7, 4, 5, 6]
+    # Below the 1/8 confidence, nothing is hard enough.
+    (none,) = rebuild_with_thinking(model, [item], threshold=0.1, thinking_id=7, pad_id=0)
+    assert none["input_ids"].tolist() == item["input_ids"].tolist()
+    # The authors' second <thinking> at a site (probability 1 here) doubles it.
+    (two,) = rebuild_with_thinking(model, [item], threshold=0.3, thinking_id=7, pad_id=0, second_prob=1.0)
+    assert two["input_ids"].tolist() == [0, 1, 2, 3, 7, 7, 4, 5, 6]
+
+
+def test_insert_thinking_caps_sites_and_draws_them_as_the_authors_do():
+    n = 12
+    item = {"input_ids": torch.arange(n), "labels": torch.arange(n)}
+    conf = torch.full((n,), 0.01)
+    conf[0] = float("nan")
+    capped = insert_thinking(item, conf, threshold=0.3, thinking_id=99, max_sites=4, rng=random.Random(0))
+    assert int((capped["input_ids"] == 99).sum()) == 4
+    # The same sites as the authors' draw: a sorted random.sample of the candidates from the same generator.
+    sites = sorted(random.Random(0).sample(list(range(1, n)), 4))
+    after = [
+        int(capped["input_ids"][i + 1]) for i in (capped["input_ids"] == 99).nonzero().flatten().tolist()
+    ]
+    assert after == sites
+    never = insert_thinking(
+        item, conf, threshold=0.3, thinking_id=99, insertion_prob=0.0, rng=random.Random(0)
+    )
+    assert never["input_ids"].tolist() == item["input_ids"].tolist()
+    # With insertion probability 0.5, about half of 11 sites over many draws.
+    kept = [
+        int(
+            (
+                insert_thinking(
+                    item, conf, threshold=0.3, thinking_id=99, insertion_prob=0.5, rng=random.Random(s)
+                )["input_ids"]
+                == 99
+            ).sum()
+        )
+        for s in range(200)
+    ]
+    assert 5.0 < sum(kept) / len(kept) < 6.0
+    with pytest.raises(ValueError, match="rng"):
+        insert_thinking(item, conf, threshold=0.3, thinking_id=99, max_sites=4)
+
+
 def test_latent_collapse_on_parallel_and_orthogonal_chains():
     parallel = torch.tensor([[[1.0, 0.0, 0.0], [2.0, 0.0, 0.0], [3.0, 0.0, 0.0]]])
     orthogonal = torch.eye(3)[None]
@@ -214,10 +336,13 @@ def test_curriculum_stages_rebuild_data_from_explicit_items(tmp_path):
     assert sum(int((item["input_ids"] == th).sum()) for item in items) == curriculum.inserted
     for item in items:  # every inserted <thinking> is a trained target; stripping it gives the explicit item
         assert torch.all(item["labels"][item["input_ids"] == th] == th)
-    # The rebuild entering stage 3 restarted from explicit items: no doubled <thinking> from stage 2.
+    # The rebuild entering stage 3 restarted from explicit items: at most the authors' two <thinking> per site
+    # (a run of three would be a stage-2 insertion kept), at most 16 sites per item.
     for item in items:
         ids = item["input_ids"].tolist()
-        assert not any(a == b == th for a, b in itertools.pairwise(ids))
+        assert not any(a == b == c == th for a, b, c in zip(ids, ids[1:], ids[2:], strict=False))
+        sites = sum(1 for i, t in enumerate(ids) if t == th and (i == 0 or ids[i - 1] != th))
+        assert sites <= 16
     state = curriculum.state_dict()
     restored = LatentThoughtsCurriculum()
     restored.load_state_dict(torch.load(_saved(tmp_path, state), weights_only=True))

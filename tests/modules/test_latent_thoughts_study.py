@@ -37,7 +37,7 @@ def test_study_writes_every_arm_at_equal_steps_and_refuses_to_overwrite(tmp_path
     # Equal budget: 3 epochs of 16 / 8 = 2 steps for every arm, the curriculum's included.
     assert {r["steps"] for r in runs.values()} == {6} and result["steps_per_arm"] == 6
     assert [s["stage"] for s in runs["lt_tuning"]["curriculum"]] == [2, 3]
-    assert runs["lt_tuning"]["final_alpha"] == 0.55 and runs["coconut"]["final_alpha"] == 1.0
+    assert runs["lt_tuning"]["final_alpha"] == 0.6 and runs["coconut"]["final_alpha"] == 1.0
     # Coconut forces its fixed count (1 per step x 2 steps); CoT never takes a latent step.
     assert runs["coconut"]["latent_steps"] == 2 and runs["cot"]["latent_steps"] == 0
     assert runs["coconut"]["latent_chains"] == 4  # every answer has a chain of 2 latents to measure
