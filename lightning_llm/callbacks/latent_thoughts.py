@@ -172,7 +172,7 @@ class LatentThoughtsCurriculum(Callback):
             pl_module.model, explicit, pad_id=pl_module.tokenizer.pad_token_id, batch_size=self.batch_size
         )
         threshold = self.thresholds[upcoming - 2]
-        skip = [t for t in (pl_module.tokenizer.eos_token_id,) if t is not None]
+        skip = pl_module.stop_token_ids
         items = [
             insert_thinking(item, conf, threshold=threshold, thinking_id=pl_module.thinking_id, skip=skip)
             for item, conf in zip(explicit, confidence, strict=True)

@@ -200,7 +200,7 @@ class CausalLMModule(BackboneModule):
                 top_p=top_p if sampling else None,
                 top_k=None,
                 pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.tokenizer.eos_token_id,
+                eos_token_id=self.stop_token_ids,
             )
         return self.tokenizer.batch_decode(out[:, input_ids.shape[1] :], skip_special_tokens=True)
 

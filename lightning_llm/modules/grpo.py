@@ -264,7 +264,14 @@ class GRPOModule(BackboneModule):
         prompt_mask = batch["attention_mask"].repeat_interleave(group_size, dim=0)
         examples = [ex for ex in batch["example"] for _ in range(group_size)]
         completion, completion_mask, states = run_episodes(
-            self.engine, self.tokenizer, prompt_ids, prompt_mask, examples, sampling=sampling, env=self.env
+            self.engine,
+            self.tokenizer,
+            prompt_ids,
+            prompt_mask,
+            examples,
+            sampling=sampling,
+            env=self.env,
+            stop_ids=self.stop_token_ids,
         )
         ids = torch.cat([prompt_ids, completion], dim=1)
         real = completion != self.tokenizer.pad_token_id
@@ -533,7 +540,10 @@ class GRPOModule(BackboneModule):
         n = rollout.num_rows
         grouped = rollout.rewards.view(-1, self.hparams.group_size)
         lengths = rollout.completion_lengths().float()
-        truncated = ~(rollout.input_ids[:, rollout.prompt_length :] == self.tokenizer.eos_token_id).any(dim=1)
+        stops = torch.tensor(self.stop_token_ids, dtype=torch.long, device=rollout.input_ids.device)
+        completion = rollout.input_ids[:, rollout.prompt_length :]
+        real = rollout.attention_mask[:, rollout.prompt_length :].bool()
+        truncated = ~(torch.isin(completion, stops) & real).any(dim=1)
         metrics = {
             "reward": rollout.rewards.mean(),
             "reward_std": rollout.rewards.std() if n > 1 else torch.zeros((), device=self.device),
