@@ -100,7 +100,7 @@ class GRPOModule(BackboneModule):
             environment the DataModule's task builds (``task.make_env(**env_kwargs)``, e.g. a search over the
             ``multihop_qa`` knowledge base the questions are about); ``None`` for
             single-turn generation.
-        logprob_chunk_size: tokens per chunk of the fused log-prob kernel.
+        logprob_chunk_size: tokens per chunk of the log-prob pass (fused kernel or plain path).
         eval_max_new_tokens: generation budget of greedy validation rollouts.
         dtype: parameter dtype of the loaded model.
         trust_remote_code: allow a checkpoint's own code (off by default).

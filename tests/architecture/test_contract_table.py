@@ -130,7 +130,9 @@ def test_target_logprobs_are_the_models_own(arch, saved):
 def test_grpo_step_with_rollouts_ending_at_the_stop_set(arch, saved, quiet_trainer, caplog):
     L.seed_everything(0)
     with caplog.at_level(logging.INFO):
-        module = GRPOModule(model=saved[arch], rewards=[_text_length], group_size=2, max_new_tokens=6, lr=1e-3)
+        module = GRPOModule(
+            model=saved[arch], rewards=[_text_length], group_size=2, max_new_tokens=6, lr=1e-3
+        )
         module.configure_model()
     noticed = "plain path" in caplog.text
     assert noticed == (arch == "gemma2-softcap")  # the one-line notice, only where the path changes
