@@ -217,7 +217,7 @@ def run_episodes(
         for row, i in enumerate(active):
             turn = new[row]
             turn = turn[: int(_completion_mask(turn[None], turn_stops)[0].sum())].tolist()
-            if stop_texts:  # before the EOS check: an engine pads after a stop string, and pad may be EOS
+            if stop_texts:  # before the stop-id check: engines pad after a stop string, pad may stop
                 turn = turn[: _stop_string_end(tokenizer, turn, stop_texts)]
             turn = turn[: max(0, budget - len(tokens[i]))]
             tokens[i] += turn
