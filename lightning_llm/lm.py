@@ -1,8 +1,10 @@
 """Helpers every module shares to get per-token log-probs from a Hugging Face causal LM without logits.
 
 The fused kernel needs the last hidden states and the LM-head weight separately, so the ``[tokens × vocab]``
-logits tensor is never built. That is only exact for heads that are a plain bias-free linear map; models that
-post-process logits (soft-capping, a logit scale) are refused at construction with the reason.
+logits tensor is never built. That is only exact for heads that are a plain bias-free linear map. Models that
+post-process logits (soft-capping, a logit scale, a head bias) take the plain path instead
+(:func:`logprob_path`, announced once at construction): the model's own head and post-processing on chunks of
+positions, each chunk recomputed in backward, so memory stays at one chunk of logits there too.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
-from lightning_llm.kernels import fused_linear_logprobs
+from lightning_llm.kernels import entropy_dynamics_reference, fused_linear_logprobs
+from lightning_llm.kernels.fused_linear_logprobs import DEFAULT_CHUNK_BYTES
 from lightning_llm.lora import LoRAConfig, apply_lora, lora_layers, merge_lora, save_adapter
 
 if TYPE_CHECKING:
@@ -27,23 +31,147 @@ if TYPE_CHECKING:
 IGNORE_INDEX = -100
 
 
-def check_fused_compatible(model: PreTrainedModel) -> None:
-    """Raise if the model's logits are not ``hidden @ lm_head.weight.T`` (the fused path would be wrong)."""
+#: Config attributes through which a model rescales or caps its logits after the head (Gemma 2, Cohere...).
+_LOGIT_POSTPROCESSING = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "output_multiplier_scale",
+    "logits_scaling",
+)
+
+
+def fused_unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why the fused log-prob path would not be exact for ``model`` (its logits are not ``hidden @ W.T``), or
+    None when it is."""
+    name = type(model).__name__
     head = model.get_output_embeddings()
     if head is None or not isinstance(getattr(head, "weight", None), Tensor):
-        raise ValueError(f"{type(model).__name__} has no linear output embedding; fused log-probs need one")
+        return f"{name} has no linear output embedding"
     if getattr(head, "bias", None) is not None:
-        raise ValueError(
-            f"{type(model).__name__}'s LM head has a bias, which the fused log-prob path ignores"
-        )
+        return f"{name}'s LM head has a bias"
     config = model.config
-    for attr in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
+    for attr in _LOGIT_POSTPROCESSING:
         value = getattr(config, attr, None)
         if value not in (None, 1.0, 0.0):
-            raise ValueError(
-                f"{type(model).__name__} post-processes its logits ({attr}={value}); the fused log-prob "
-                "path computes hidden @ W.T only and would give wrong log-probs"
-            )
+            return f"{name} post-processes its logits ({attr}={value})"
+    return None
+
+
+def check_fused_compatible(model: PreTrainedModel) -> None:
+    """Raise if the model's logits are not ``hidden @ lm_head.weight.T`` (for code that applies the head
+    weight itself; :func:`target_logprobs` falls back to the plain path instead)."""
+    reason = fused_unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"{reason}; this needs logits that are hidden @ W.T (the fused log-prob path)")
+
+
+def logprob_path(model: PreTrainedModel, *, announce: bool = False) -> Literal["fused", "plain"]:
+    """``"fused"`` when the fused kernel is exact for ``model``, else ``"plain"`` (the model's own head and
+    logit post-processing, chunked over positions); with ``announce`` a plain choice is said once on rank zero."""
+    reason = fused_unsupported_reason(model)
+    if reason is None:
+        return "fused"
+    if announce:
+        rank_zero_info(f"{reason}: its log-probs take the plain path (the model's own logits, chunked)")
+    return "plain"
+
+
+class _Hidden(torch.nn.Module):
+    """Stands in for a decoder: returns the given hidden states, so the model's forward applies only its head."""
+
+    def __init__(self, hidden: Tensor) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        return BaseModelOutputWithPast(last_hidden_state=self.hidden)
+
+
+def head_logits(model: PreTrainedModel, hidden: Tensor) -> Tensor:
+    """The model's own logits ``[N, V]`` for final hidden states ``[N, H]``: its forward with the decoder
+    replaced by these states, so the head, its bias and any post-processing (soft-capping, a logit scale) are
+    exactly the model's."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    name = next(n for n, child in model.named_children() if child is decoder)
+    setattr(model, name, _Hidden(hidden[None]))
+    try:
+        logits = model(input_ids=None, inputs_embeds=hidden[None], use_cache=False).logits
+    finally:
+        setattr(model, name, decoder)
+    return logits[0]
+
+
+def _plain_chunk(
+    model: PreTrainedModel, hidden: Tensor, targets: Tensor, temperature: float, with_dynamics: bool
+) -> tuple[Tensor, ...]:
+    z = head_logits(model, hidden).float() / temperature
+    log_p = torch.log_softmax(z, dim=-1)
+    logprobs = log_p.gather(1, targets[:, None]).squeeze(1)
+    entropy = -(log_p.exp() * log_p).sum(dim=-1)
+    if not with_dynamics:
+        return logprobs, entropy
+    with torch.no_grad():
+        s, n = entropy_dynamics_reference(z)
+    return logprobs, entropy, s.gather(1, targets[:, None]).squeeze(1), n
+
+
+def head_logprobs(
+    model: PreTrainedModel,
+    hidden: Tensor,
+    targets: Tensor,
+    *,
+    path: Literal["auto", "fused", "plain"] = "auto",
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+    with_dynamics: bool = False,
+) -> tuple[Tensor, ...]:
+    """Log-prob of ``targets`` ``[N]`` and entropy (with ``with_dynamics`` also S_k and N, see
+    :func:`~lightning_llm.kernels.fused_linear_logprobs`) from final hidden states ``[N, H]``, fp32 vectors.
+
+    ``path="fused"`` is the fused kernel over the head weight; ``"plain"`` applies :func:`head_logits`
+    ``chunk_size`` positions at a time (default: the fused kernel's chunk budget), each chunk recomputed in
+    backward (activation checkpointing), so neither path holds more than one chunk of ``[positions × vocab]``;
+    ``"auto"`` is :func:`logprob_path`. The dynamics terms are detached on both paths.
+    """
+    if path == "auto":
+        path = logprob_path(model)
+    if path == "fused":
+        return fused_linear_logprobs(
+            hidden,
+            model.get_output_embeddings().weight,
+            targets,
+            chunk_size=chunk_size,
+            temperature=temperature,
+            with_dynamics=with_dynamics,
+        )
+    if path != "plain":
+        raise ValueError(f"path must be 'auto', 'fused' or 'plain', got {path!r}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    vocab = model.get_output_embeddings().weight.shape[0]
+    step = chunk_size or max(1, DEFAULT_CHUNK_BYTES // (vocab * hidden.element_size()))
+    checkpointed = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in model.parameters())
+    )
+    parts = []
+    for start in range(0, hidden.shape[0], step):
+        args = (
+            model,
+            hidden[start : start + step],
+            targets[start : start + step],
+            temperature,
+            with_dynamics,
+        )
+        if checkpointed:
+            parts.append(checkpoint(_plain_chunk, *args, use_reentrant=False))
+        else:
+            parts.append(_plain_chunk(*args))
+    if not parts:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return tuple(empty for _ in range(4 if with_dynamics else 2))
+    return tuple(torch.cat(column) for column in zip(*parts, strict=True))
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -125,20 +253,22 @@ def target_logprobs(
     chunk_size: int | None = None,
     temperature: float = 1.0,
     with_dynamics: bool = False,
+    path: Literal["auto", "fused", "plain"] = "auto",
 ) -> tuple[Tensor, ...]:
     """Log-prob and entropy (with ``with_dynamics`` also S_k and N) of each next token in ``target_mask``.
 
     ``target_mask[b, t]`` says whether token ``t`` of row ``b`` is predicted (from position ``t − 1``); the
     first column is ignored. Returns flat fp32 vectors in row-major order of the selected tokens: only those
-    tokens go through the LM head, so masked prompt tokens cost no vocabulary work.
+    tokens go through the LM head, so masked prompt tokens cost no vocabulary work. ``path`` picks the fused
+    kernel or the model's own logits (:func:`head_logprobs`; ``"auto"``: :func:`logprob_path`).
     """
     hidden = last_hidden_states(model, input_ids, attention_mask)
     select = target_mask[:, 1:].bool()
-    weight = model.get_output_embeddings().weight
-    return fused_linear_logprobs(
+    return head_logprobs(
+        model,
         hidden[:, :-1][select],
-        weight,
         input_ids[:, 1:][select],
+        path=path,
         chunk_size=chunk_size,
         temperature=temperature,
         with_dynamics=with_dynamics,

@@ -27,6 +27,7 @@ from lightning_llm.backbones.loader import (
     resolve_backbone,
 )
 from lightning_llm.backbones.smollm2 import SMOLLM2
+from lightning_llm.backbones.stops import end_of_turn_token_id, stop_token_ids, turn_end_token_id
 from lightning_llm.backbones.tiny import TAG_TOKENS, TINY, TinyRecipe
 from lightning_llm.backbones.tiny_moe import TINY_MOE, TinyMoERecipe, build_tiny_moe
 from lightning_llm.backbones.utils import eval_mode, quiet_progress
@@ -41,6 +42,7 @@ __all__ = [
     "TinyRecipe",
     "available_backbones",
     "build_tiny_moe",
+    "end_of_turn_token_id",
     "eval_mode",
     "fetch",
     "lightning_llm_home",
@@ -50,6 +52,8 @@ __all__ = [
     "quiet_progress",
     "register_backbone",
     "resolve_backbone",
+    "stop_token_ids",
+    "turn_end_token_id",
 ]
 
 

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_llm.backbones import stop_token_ids, turn_end_token_id
 from lightning_llm.datamodules.sources import render_prompt
 from lightning_llm.datamodules.tasks.length import COUNT_PROMPT, count_answer, parse_word_count
 from lightning_llm.lm import global_mean, target_logprobs
@@ -122,7 +123,8 @@ def build_hindsight_batch(
 
     The prompt is rendered with :func:`~lightning_llm.datamodules.sources.render_prompt`, as every
     DataModule renders its prompts, and tokenized on its own, as at generation time; the label is tokenized on
-    its own and followed by the tokenizer's eos token (the end of an assistant turn in ChatML), trained like
+    its own and followed by the token that ends an assistant turn
+    (:func:`~lightning_llm.backbones.turn_end_token_id`: the chat template's, else eos), trained like
     :class:`~lightning_llm.datamodules.ChatSFTDataModule` trains a response. Rows are the prompt left-padded
     to a common prompt width, then the label right-padded, so every label starts in the same column. The
     label states ``word_count(response)``, or ``counts[i]`` when given (to score candidate answers, as
@@ -132,9 +134,9 @@ def build_hindsight_batch(
         raise ValueError(f"the hindsight prompt must contain '{{response}}', got {prompt!r}")
     if not responses:
         raise ValueError("no responses to build hindsight samples from")
-    eos = tokenizer.eos_token_id
+    eos = turn_end_token_id(tokenizer)
     if eos is None:
-        raise ValueError("the tokenizer has no eos token to end the hindsight label with")
+        raise ValueError("the tokenizer has no end-of-turn or eos token to end the hindsight label with")
     device = torch.device(device)
     rendered = [render_prompt(tokenizer, prompt.replace("{response}", r), system_prompt) for r in responses]
     prompt_ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
@@ -202,7 +204,7 @@ def greedy_completions(
             ids,
             attention,
             sampling=Sampling(max_new_tokens, 0.0, 1.0),
-            stop_token_ids=[tokenizer.eos_token_id],
+            stop_token_ids=stop_token_ids(tokenizer, model),
             pad_id=tokenizer.pad_token_id,
         )
         out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))

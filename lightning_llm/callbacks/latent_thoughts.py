@@ -279,7 +279,7 @@ class LatentThoughtsCurriculum(Callback):
             threshold=threshold,
             thinking_id=pl_module.thinking_id,
             pad_id=pl_module.tokenizer.pad_token_id,
-            skip=[t for t in (pl_module.tokenizer.eos_token_id,) if t is not None],
+            skip=pl_module.stop_token_ids,
             max_sites=self.max_sites[k],
             insertion_prob=self.insertion_prob[k],
             second_prob=self.second_prob[k],

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_llm.backbones import stop_token_ids
 from lightning_llm.datamodules.sources import render_prompt
 from lightning_llm.rewards import RewardFn, get_reward
 from lightning_llm.rl import HFEngine, RLCallback, Rollout, RolloutEngine, Sampling, left_pad, run_episodes
@@ -49,6 +50,7 @@ from lightning_llm.rl import HFEngine, RLCallback, Rollout, RolloutEngine, Sampl
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from lightning_llm.text import PromptPrefix
     from lightning_llm.types import Example
 
 __all__ = [
@@ -214,12 +216,15 @@ def sample_completions(
     sampling = sampling or Sampling()
     engine = engine or HFEngine(model)
     device = next(model.parameters()).device
+    stops = stop_token_ids(tokenizer, model)
     repeated = [ex for ex in examples for _ in range(num_samples)]
     texts: list[str] = []
     for start in range(0, len(repeated), batch_size):
         chunk = repeated[start : start + batch_size]
         ids, mask, _ = prompt_block(tokenizer, chunk, spec, system_prompt=system_prompt, device=device)
-        completion, completion_mask, _ = run_episodes(engine, tokenizer, ids, mask, chunk, sampling=sampling)
+        completion, completion_mask, _ = run_episodes(
+            engine, tokenizer, ids, mask, chunk, sampling=sampling, stop_ids=stops
+        )
         texts += [
             tokenizer.decode(row[: int(m.sum())], skip_special_tokens=True)
             for row, m in zip(completion, completion_mask, strict=True)

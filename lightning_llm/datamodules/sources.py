@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from lightning_llm.backbones import stop_token_ids, turn_end_token_id
 from lightning_llm.datamodules.tasks import Task, get_task, split_train_val
 from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
 from lightning_llm.text import DataSourceError, PromptPrefix, prefix_messages, read_jsonl, read_text_records
@@ -491,12 +492,17 @@ class ExampleDataModule(L.LightningDataModule, ABC):
                     f"{prompt!r} vs {full[: len(prompt) + 20]!r}"
                 )
             responses.append(full[len(prompt) :])
-        end_id = tokenizer.eos_token_id
+        # A response is trained up to and including its first stop token (the template's end of turn, or eos);
+        # one the template did not close gets the end-of-turn token appended.
+        stops = set(stop_token_ids(tokenizer))
+        end_id = turn_end_token_id(tokenizer)
         docs = []
         for prompt_ids, response_ids in zip(self._tokenize(prompts), self._tokenize(responses), strict=True):
-            if end_id is not None and end_id not in response_ids:
+            ends = [i for i, token in enumerate(response_ids) if token in stops]
+            if not ends and end_id is not None:
                 response_ids = [*response_ids, end_id]
-            trained = response_ids.index(end_id) + 1 if end_id is not None else len(response_ids)
+                ends = [len(response_ids) - 1]
+            trained = ends[0] + 1 if ends else len(response_ids)
             labels = [IGNORE_INDEX] * len(prompt_ids) + response_ids[:trained]
             labels += [IGNORE_INDEX] * (len(response_ids) - trained)
             docs.append((prompt_ids + response_ids, labels))

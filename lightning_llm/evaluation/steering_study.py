@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from lightning_llm.backbones import stop_token_ids
 from lightning_llm.callbacks import ActivationSteering, train_steering_vector
 from lightning_llm.callbacks.steering import last_token_hidden
 from lightning_llm.evaluation import CylindricalAnalysis, RegexConceptDetector
@@ -236,7 +237,13 @@ def steer_and_score(
         enc = tokenizer(list(prompts), return_tensors="pt", padding=True)
     finally:
         tokenizer.padding_side = side
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    stops = stop_token_ids(tokenizer, model)
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=stops,
+    )
     if vector is None or multiplier == 0:
         ids = model.generate(**enc, **kwargs)
     else:
@@ -244,7 +251,7 @@ def steer_and_score(
             ids = model.generate(**enc, **kwargs)
     width = enc["input_ids"].shape[1]
     new = ids[:, width:]
-    eos = torch.tensor(sorted({tokenizer.eos_token_id, tokenizer.pad_token_id}))
+    eos = torch.tensor(sorted({*stops, tokenizer.pad_token_id} - {None}), dtype=torch.long)
     is_end = torch.isin(new, eos)
     keep = (is_end.cumsum(-1) == 0).long()  # tokens before the first end-of-sequence token
     mask = torch.cat([enc["attention_mask"], keep], dim=1)

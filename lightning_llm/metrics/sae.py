@@ -173,6 +173,15 @@ class SequenceMSE(Metric):
         return torch.log2(mean) if self.log2 else mean
 
 
+#: Relative size below which a difference of fp64 sums is rounding, not signal.
+_ROUNDING = 1e-12
+
+
+def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """``numerator / denominator``, NaN where the denominator is 0 (an undefined ratio, not ±inf)."""
+    return torch.where(denominator != 0, numerator / denominator, torch.full_like(numerator, float("nan")))
+
+
 class ExplainedVariance(Metric):
     r"""Explained variance pooled over tokens (:math:`\bar x` their mean),
 
@@ -182,7 +191,9 @@ class ExplainedVariance(Metric):
     tokens. The states are fp64 sums :math:`N`, :math:`\sum_t x_t` (a ``[d_in]`` vector),
     :math:`\sum_t \lVert x_t\rVert^2` and :math:`\sum_t\lVert x_t-\hat x_t\rVert^2`; the total variance is
     :math:`\sum_t\lVert x_t\rVert^2 - \lVert\sum_t x_t\rVert^2 / N`, so the result over several batches or
-    ranks is exactly that of their concatenation (up to fp64 rounding). NaN before any token.
+    ranks is exactly that of their concatenation (up to fp64 rounding). NaN before any token and when the
+    tokens have no variance (a single token, or all equal: a group of special tokens that are all the same
+    token), where the ratio is undefined; never ±inf.
 
     Args:
         d_in: Activation width. Optional on one process (the vector state is sized at the first update); pass
@@ -218,6 +229,10 @@ class ExplainedVariance(Metric):
         if self.tokens == 0:
             return torch.tensor(float("nan"), dtype=torch.float64, device=self.sum_sq_x.device)
         total = self.sum_sq_x - self.sum_x.square().sum() / self.tokens
+        # Zero total variance (one token, or all tokens equal) leaves EV undefined: NaN, not ±inf. The sums'
+        # difference is then fp64 rounding of sum_sq_x, so anything below that counts as zero.
+        if total <= _ROUNDING * self.sum_sq_x:
+            return torch.tensor(float("nan"), dtype=torch.float64, device=self.sum_sq_x.device)
         return 1.0 - self.sum_sq_err / total
 
 
@@ -416,7 +431,8 @@ class DeltaLoss(Metric):
 
     are exact over batches and DDP ranks (pooled over tokens, not averaged over batches). :meth:`compute`
     returns a dict ``clean``, ``spliced``, ``zero`` (mean NLL per token), ``delta_loss`` and ``ce_recovered``
-    (NaN without tokens, or when zero ablation does not change the loss).
+    (NaN without tokens, ``delta_loss`` NaN when the clean loss is 0, ``ce_recovered`` NaN when zero ablation
+    does not change the loss: never ±inf).
 
     Args:
         layer: The decoder layer whose output is spliced (module docstring convention).
@@ -459,8 +475,8 @@ class DeltaLoss(Metric):
             "clean": clean,
             "spliced": spliced,
             "zero": zero,
-            "delta_loss": (spliced - clean) / clean,
-            "ce_recovered": (zero - spliced) / (zero - clean),
+            "delta_loss": _ratio(spliced - clean, clean),
+            "ce_recovered": _ratio(zero - spliced, zero - clean),
         }
 
 

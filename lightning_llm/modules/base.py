@@ -10,12 +10,12 @@ import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_llm.backbones import load_model, load_tokenizer
+from lightning_llm.backbones import load_model, load_tokenizer, stop_token_ids
 from lightning_llm.lm import (
     apply_lora_config,
     check_export,
-    check_fused_compatible,
     export_owner,
+    logprob_path,
     mark_export,
     save_backbone,
     shard_fsdp2,
@@ -64,6 +64,15 @@ class BackboneModule(L.LightningModule):
         return self._modules["model"]
 
     @property
+    def stop_token_ids(self) -> list[int]:
+        """The model's stop set (:func:`~lightning_llm.backbones.stop_token_ids`): the tokenizer's eos, every id
+        of the generation config's ``eos_token_id`` and the chat template's end of turn. Rollouts, ``generate``
+        and completion masks end a completion at the first of them."""
+        if getattr(self, "_stop_token_ids", None) is None:
+            self._stop_token_ids = stop_token_ids(self.tokenizer, self.model)
+        return self._stop_token_ids
+
+    @property
     def model_built(self) -> bool:
         """Whether :meth:`configure_model` has run."""
         return "model" in self._modules
@@ -88,10 +97,10 @@ class BackboneModule(L.LightningModule):
             )
 
     def prepare_model(self, model: PreTrainedModel) -> PreTrainedModel:
-        """Adapt the freshly loaded model before it is attached: the default makes it a trainable policy (the fused
-        log-prob path checked, LoRA applied when ``hparams.lora`` is set, train mode, optional gradient
-        checkpointing)."""
-        check_fused_compatible(model)
+        """Adapt the freshly loaded model before it is attached: the default makes it a trainable policy (its
+        log-prob path chosen: fused, or the plain path with a notice for a model that post-processes its logits;
+        LoRA applied when ``hparams.lora`` is set, train mode, optional gradient checkpointing)."""
+        logprob_path(model, announce=True)
         self.hparams["lora"] = apply_lora_config(model, self.hparams.get("lora"))
         model.train()  # from_pretrained returns eval mode; Lightning keeps submodules' modes as found
         if self.hparams.get("gradient_checkpointing"):

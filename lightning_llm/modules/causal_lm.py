@@ -38,8 +38,9 @@ class CausalLMModule(BackboneModule):
     ``M`` is the set of label tokens over the *whole* global batch: under DDP each rank divides its summed
     loss by the all-reduced token count (times the world size, since DDP averages gradients), so two ranks
     with batch ``B`` take exactly the step one process takes with batch ``2B``, whatever the padding.
-    Log-probs come from :func:`lightning_llm.kernels.fused_linear_logprobs`, so the ``[tokens × vocab]``
-    logits are never materialised and prompt tokens (label ``-100``) never reach the LM head.
+    Log-probs come from :func:`lightning_llm.kernels.fused_linear_logprobs` (or, for a model that post-processes
+    its logits, the plain path of :func:`lightning_llm.lm.head_logprobs`, one chunk at a time), so the
+    ``[tokens × vocab]`` logits are never materialised and prompt tokens (label ``-100``) never reach the LM head.
 
     Args:
         model: ``"tiny"`` (embedded, offline), a Hugging Face id, or a local directory.
@@ -200,7 +201,7 @@ class CausalLMModule(BackboneModule):
                 top_p=top_p if sampling else None,
                 top_k=None,
                 pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.tokenizer.eos_token_id,
+                eos_token_id=self.stop_token_ids,
             )
         return self.tokenizer.batch_decode(out[:, input_ids.shape[1] :], skip_special_tokens=True)
 

@@ -13,12 +13,7 @@ from typing_extensions import override
 
 from lightning_llm.backbones import load_model
 from lightning_llm.envs import Environment
-from lightning_llm.kernels import fused_linear_logprobs
-from lightning_llm.lm import (
-    adamw,
-    global_mean,
-    target_logprobs,
-)
+from lightning_llm.lm import adamw, global_mean, head_logprobs, target_logprobs
 from lightning_llm.lora import LoRAConfig, fold_adapters, lora_layers
 from lightning_llm.modules.base import BackboneModule
 from lightning_llm.modules.causal_lm import warmup_cosine
@@ -102,7 +97,7 @@ class GRPOModule(BackboneModule):
             environment the DataModule's task builds (``task.make_env(**env_kwargs)``, e.g. a search over the
             ``multihop_qa`` knowledge base the questions are about); ``None`` for
             single-turn generation.
-        logprob_chunk_size: tokens per chunk of the fused log-prob kernel.
+        logprob_chunk_size: tokens per chunk of the log-prob pass (fused kernel or plain path).
         eval_max_new_tokens: generation budget of greedy validation rollouts.
         dtype: parameter dtype of the loaded model.
         trust_remote_code: allow a checkpoint's own code (off by default).
@@ -276,7 +271,14 @@ class GRPOModule(BackboneModule):
         prompt_mask = batch["attention_mask"].repeat_interleave(group_size, dim=0)
         examples = [ex for ex in batch["example"] for _ in range(group_size)]
         completion, completion_mask, states = run_episodes(
-            self.engine, self.tokenizer, prompt_ids, prompt_mask, examples, sampling=sampling, env=self.env
+            self.engine,
+            self.tokenizer,
+            prompt_ids,
+            prompt_mask,
+            examples,
+            sampling=sampling,
+            env=self.env,
+            stop_ids=self.stop_token_ids,
         )
         ids = torch.cat([prompt_ids, completion], dim=1)
         real = completion != self.tokenizer.pad_token_id
@@ -322,8 +324,7 @@ class GRPOModule(BackboneModule):
             return target_logprobs(model, ids, mask, targets, **kwargs)
         hidden = shared_prefix_hidden(model, ids, mask, cut)
         select = targets[:, cut:]
-        weight = model.get_output_embeddings().weight
-        return fused_linear_logprobs(hidden[select], weight, ids[:, cut:][select], **kwargs)
+        return head_logprobs(model, hidden[select], ids[:, cut:][select], **kwargs)
 
     def _share_prefix(self, model: Any) -> bool:
         """Whether ``shared_prefix`` is on and exact for ``model`` (the reason it is not is logged once)."""
@@ -562,7 +563,10 @@ class GRPOModule(BackboneModule):
         n = rollout.num_rows
         grouped = rollout.rewards.view(-1, self.hparams.group_size)
         lengths = rollout.completion_lengths().float()
-        truncated = ~(rollout.input_ids[:, rollout.prompt_length :] == self.tokenizer.eos_token_id).any(dim=1)
+        stops = torch.tensor(self.stop_token_ids, dtype=torch.long, device=rollout.input_ids.device)
+        completion = rollout.input_ids[:, rollout.prompt_length :]
+        real = rollout.attention_mask[:, rollout.prompt_length :].bool()
+        truncated = ~(torch.isin(completion, stops) & real).any(dim=1)
         metrics = {
             "reward": rollout.rewards.mean(),
             "reward_std": rollout.rewards.std() if n > 1 else torch.zeros((), device=self.device),

@@ -31,7 +31,7 @@ one direction. :func:`latent_collapse` measures it as the mean pairwise cosine a
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +41,11 @@ from typing_extensions import override
 from lightning_llm.backbones import eval_mode
 from lightning_llm.backbones.inspect import cache_kwarg
 from lightning_llm.kernels import fused_linear_logprobs
-from lightning_llm.lm import global_mean, labels_to_mask
+from lightning_llm.lm import check_fused_compatible, global_mean, labels_to_mask
 from lightning_llm.modules.causal_lm import CausalLMModule
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = [
     "LatentGeneration",
@@ -248,6 +251,13 @@ class LatentThoughtsModule(CausalLMModule):
 
     # ----------------------------------------------------------------------------------------- forward
 
+    @override
+    def prepare_model(self, model: PreTrainedModel) -> PreTrainedModel:
+        """:class:`CausalLMModule`'s policy, refused when its logits are not ``hidden @ W.T`` (latent decoding
+        applies the head weight itself)."""
+        check_fused_compatible(model)
+        return super().prepare_model(model)
+
     def _logits(self, hidden: Tensor) -> Tensor:
         """Logits of hidden states (the LM head is a plain linear map: checked at construction)."""
         return hidden @ self.model.get_output_embeddings().weight.T
@@ -386,7 +396,7 @@ class LatentThoughtsModule(CausalLMModule):
         decoder = self.model.get_decoder()
         embed = self.model.get_input_embeddings()
         cache_arg = cache_kwarg(decoder)
-        eos = self.tokenizer.eos_token_id
+        stops = torch.tensor(self.stop_token_ids, dtype=torch.long, device=input_ids.device)
         batch = input_ids.shape[0]
         with eval_mode(self.model):
             cache = DynamicCache()
@@ -426,7 +436,7 @@ class LatentThoughtsModule(CausalLMModule):
                         latents[row].append(fused[row].float().cpu())
                     else:
                         tokens[row].append(int(choice[row]))
-                        if eos is not None and choice[row] == eos:
+                        if bool(torch.isin(choice[row], stops)):
                             done[row] = True
                 if bool(done.all()):
                     break

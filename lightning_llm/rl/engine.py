@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
-from lightning_llm.backbones import eval_mode
+from lightning_llm.backbones import eval_mode, stop_token_ids
 from lightning_llm.backbones.inspect import cache_kwarg
 from lightning_llm.rl.shared_prefix import prefill_prefixes, shared_prefix_unsupported
 
@@ -115,7 +115,7 @@ class HFEngine:
 
 
 def _pad_after_stop(tokens: Tensor, stop_token_ids: list[int], pad_id: int) -> Tensor:
-    is_stop = torch.isin(tokens, torch.tensor(stop_token_ids, device=tokens.device))
+    is_stop = torch.isin(tokens, torch.tensor(stop_token_ids, dtype=torch.long, device=tokens.device))
     after = (is_stop.long().cumsum(dim=1) - is_stop.long()) > 0  # strictly after the first stop
     return tokens.masked_fill(after, pad_id)
 
@@ -183,11 +183,16 @@ def run_episodes(
     sampling: Sampling,
     env: Environment | None = None,
     max_total_tokens: int | None = None,
+    stop_ids: list[int] | None = None,
 ) -> tuple[Tensor, Tensor, list[Any]]:
     """Complete every (already repeated) prompt; returns ``(completion_ids, completion_loss_mask, states)``.
 
+    ``stop_ids`` is the model's stop set (:func:`~lightning_llm.backbones.stop_token_ids` of the tokenizer and
+    the model: its eos, every id of its generation config's ``eos_token_id``, its chat template's end of turn);
+    without it, the set the tokenizer alone gives. A completion ends at the first of them.
+
     Without an environment this is one generation call. With one, each row alternates model turns (ending at
-    EOS or one of ``env.stop_strings``) and environment observations, up to ``env.max_turns`` turns or
+    a stop id, which also ends the episode, or at one of ``env.stop_strings``) and environment observations, up to ``env.max_turns`` turns or
     ``max_total_tokens`` completion tokens (default: ``max_turns × sampling.max_new_tokens``). Observation
     tokens are in ``completion_ids`` with loss-mask 0. Completions are right-padded with the pad token.
 
@@ -196,17 +201,17 @@ def run_episodes(
     the turn is cut after the token whose decoded text completes it, whatever the engine generated after it.
     """
     pad_id = tokenizer.pad_token_id
-    eos_id = tokenizer.eos_token_id
+    model_stops = list(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer)
     device = prompt_ids.device
     if env is None:
         new = engine.generate(
-            prompt_ids, prompt_mask, sampling=sampling, stop_token_ids=[eos_id], pad_id=pad_id
+            prompt_ids, prompt_mask, sampling=sampling, stop_token_ids=model_stops, pad_id=pad_id
         )
-        mask = _completion_mask(new, [eos_id])
+        mask = _completion_mask(new, model_stops)
         return new, mask, [None] * len(examples)
 
     single_ids, stop_texts = _split_stop_strings(tokenizer, tuple(env.stop_strings))
-    stop_ids = [eos_id, *single_ids]
+    turn_stops = list(dict.fromkeys([*model_stops, *single_ids]))
     by_text: dict[str, Any] = (
         {"stop_strings": stop_texts} if stop_texts and _takes_stop_strings(engine) else {}
     )
@@ -223,19 +228,19 @@ def run_episodes(
         room = min(sampling.max_new_tokens, max(1, budget - min(len(tokens[i]) for i in active)))
         turn_sampling = Sampling(room, sampling.temperature, sampling.top_p)
         new = engine.generate(
-            ids, mask, sampling=turn_sampling, stop_token_ids=stop_ids, pad_id=pad_id, **by_text
+            ids, mask, sampling=turn_sampling, stop_token_ids=turn_stops, pad_id=pad_id, **by_text
         )
         still = []
         for row, i in enumerate(active):
             turn = new[row]
-            turn = turn[: int(_completion_mask(turn[None], stop_ids)[0].sum())].tolist()
-            if stop_texts:  # before the EOS check: an engine pads after a stop string, and pad may be EOS
+            turn = turn[: int(_completion_mask(turn[None], turn_stops)[0].sum())].tolist()
+            if stop_texts:  # before the stop-id check: engines pad after a stop string, pad may stop
                 turn = turn[: _stop_string_end(tokenizer, turn, stop_texts)]
             turn = turn[: max(0, budget - len(tokens[i]))]
             tokens[i] += turn
             trainable[i] += [1] * len(turn)
-            ended_by_eos = bool(turn) and turn[-1] == eos_id
-            if ended_by_eos or len(tokens[i]) >= budget or not turn:
+            ended_by_model = bool(turn) and turn[-1] in model_stops
+            if ended_by_model or len(tokens[i]) >= budget or not turn:
                 continue
             reply = env.step(states[i], tokenizer.decode(turn, skip_special_tokens=False))
             if reply.observation:
@@ -261,5 +266,5 @@ def _completion_mask(tokens: Tensor, stop_ids: list[int]) -> Tensor:
 
     Engines pad only after a row's stop token, so this is also the non-padding mask.
     """
-    is_stop = torch.isin(tokens, torch.tensor(stop_ids, device=tokens.device)).long()
+    is_stop = torch.isin(tokens, torch.tensor(stop_ids, dtype=torch.long, device=tokens.device)).long()
     return (is_stop.cumsum(dim=1) - is_stop) == 0

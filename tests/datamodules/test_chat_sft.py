@@ -254,3 +254,27 @@ def test_template_without_end_token_gets_eos_appended(monkeypatch):
     assert (
         dm.tokenizer.decode(_labelled(item["labels"], item["input_ids"])) == train[0].completion + "\n" + END
     )
+
+
+def test_response_is_trained_up_to_the_templates_end_of_turn_not_a_different_eos(tiny_tokenizer):
+    """A Gemma-style template closes the turn with ``<end_of_turn>`` while eos is another token: the label ends at
+    ``<end_of_turn>`` (what the model's stop set stops on), with no eos appended after it."""
+    import copy
+
+    from lightning_llm.types import Example
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    tok.chat_template = (
+        "{%- for message in messages %}"
+        "{{ '<start_of_turn>' + message['role'] + '\\n' + message['content'] + '<end_of_turn>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<start_of_turn>assistant\\n' }}{%- endif %}"
+    )
+    dm = ChatSFTDataModule(task="arithmetic", num_train=4, num_val=1)
+    dm.use_tokenizer(tok)
+    ((ids, labels),) = dm._encode([Example(prompt="1+1", completion="2", answer="2")])
+    trained = [t for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]
+    end = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert trained == tok("2", add_special_tokens=False)["input_ids"] + [end]
+    assert tok.eos_token_id not in ids

@@ -250,3 +250,33 @@ def test_splice_leaves_padding_and_other_layers_untouched(tiny_backbone, batch):
     assert bool((ablated[2][real] == 0).all())
     assert torch.equal(ablated[2][~real], clean[2][~real])
     assert [len(layer._forward_hooks) for layer in model.model.layers] == hooks  # the hook is gone
+
+
+def test_explained_variance_of_zero_variance_tokens_is_nan_not_inf():
+    """All selected tokens equal (special tokens of a batch that are one token), or a single token: the
+    variance is 0 and EV undefined. NaN, as documented; the old ``1 - err / 0`` gave -inf."""
+    same = torch.tensor([[0.5, -1.0, 2.0]]).repeat(5, 1)
+    for rows in (same, same[:1]):
+        metric = ExplainedVariance()
+        metric.update(rows, rows + 0.1)
+        assert math.isnan(float(metric.compute()))
+    varied = ExplainedVariance()
+    varied.update(same + torch.arange(5.0)[:, None] * 1e-3, same)  # tiny but real variance: finite
+    assert math.isfinite(float(varied.compute()))
+
+
+def test_delta_loss_ratios_are_nan_not_inf_when_undefined():
+    metric = DeltaLoss(layer=0)
+    metric.tokens += 4
+    metric.clean_nll += 8.0
+    metric.spliced_nll += 10.0
+    metric.zero_nll += 8.0  # zero ablation leaves the loss unchanged: CE recovered undefined
+    out = metric.compute()
+    assert math.isnan(float(out["ce_recovered"]))
+    assert float(out["delta_loss"]) == pytest.approx(0.25)
+    perfect = DeltaLoss(layer=0)
+    perfect.tokens += 4
+    perfect.spliced_nll += 1.0
+    perfect.zero_nll += 6.0  # clean loss 0: ΔL undefined
+    out = perfect.compute()
+    assert math.isnan(float(out["delta_loss"])) and float(out["ce_recovered"]) == pytest.approx(5 / 6)

@@ -90,3 +90,28 @@ def test_hf_engine_stops_at_a_multi_token_stop_string(tiny_backbone):
     out, loss_mask, _ = run_episodes(engine, tok, ids, mask, [None], sampling=sampling, env=env)
     assert out[0][loss_mask[0]].tolist() == free[:cut]
     assert env.turns == [tok.decode(free[:cut])]
+
+
+def test_a_model_stop_id_ends_the_turn_and_the_episode(tiny_tokenizer):
+    """``stop_ids`` (the model's stop set) reach the engine and cut the turn; ending on one ends the episode."""
+    tok = tiny_tokenizer
+    end = tok.convert_tokens_to_ids("<|endoftext|>")  # an end id of the model that is not the tokenizer's eos
+    words = tok("ab cd", add_special_tokens=False)["input_ids"]
+    engine = _ScriptedEngine([[*words, end, *words]])
+    env = _EchoEnv(["</answer>"])
+    stops = [tok.eos_token_id, end]
+    ids, loss_mask, _ = run_episodes(
+        engine, tok, *_prompt(tok), [None], sampling=Sampling(16), env=env, stop_ids=stops
+    )
+    assert set(stops) <= set(engine.calls[0])
+    assert env.turns == []  # the turn ended at the model's stop id: no observation, no second turn
+    assert ids[0][loss_mask[0]].tolist() == [*words, end]
+    _, no_env_mask, _ = run_episodes(
+        _ScriptedEngine([[*words, end, *words]]),
+        tok,
+        *_prompt(tok),
+        [None],
+        sampling=Sampling(16),
+        stop_ids=stops,
+    )
+    assert no_env_mask[0].tolist() == [True] * (len(words) + 1) + [False] * len(words)
