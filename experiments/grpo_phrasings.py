@@ -10,7 +10,7 @@ gain) on every seed; plus wall time, CPU time and peak RSS of each run. A run di
 run is reused; an existing ``--out`` is never replaced.
 
     python experiments/grpo_phrasings.py --seeds 0 1 2 --workdir runs/grpo_phrasings \
-        --out benchmarks/results/grpo_smollm2_phrasings.json
+        --out benchmarks/results/grpo_smollm2_phrasings.json --readme README.md
 """
 
 from __future__ import annotations
@@ -127,12 +127,41 @@ def summarise(workdir: Path, seeds: list[int], config: dict[str, Any]) -> dict[s
     }
 
 
+def readme_table(result: dict[str, Any]) -> str:
+    """The README's main-job table: every condition before and after (per seed), Wilson 95% intervals."""
+    seeds = result["seeds"]
+    head = "| items asked in, scored, prompt | before | " + " | ".join(f"after, seed {s}" for s in seeds)
+    lines = [head + " | gain |", "|" + " --- |" * (3 + len(seeds))]
+
+    def cell(c: dict[str, Any]) -> str:
+        low, high = c["wilson95"]
+        return f"{c['accuracy']:.2f} [{low:.2f}–{high:.2f}] ({c['k']}/{c['n']})"
+
+    for name, c in result["conditions"].items():
+        after = " | ".join(cell(c["after_per_seed"][str(s)]) for s in seeds)
+        gain = "**yes**" if c["gain_on_every_seed"] else "no (intervals overlap)"
+        lines.append(f"| {name} | {cell(c['before'])} | {after} | {gain} |")
+    return "\n".join(lines)
+
+
+def replace_block(text: str, block: str, marker: str = "main-job") -> str:
+    """``text`` with what stands between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` replaced."""
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    if text.count(start) != 1 or text.count(end) != 1:
+        raise ValueError(f"need exactly one {start} and one {end}")
+    before, rest = text.split(start)
+    return f"{before}{start}\n{block}\n{end}{rest.split(end)[1]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--config", type=Path, default=CONFIG)
+    parser.add_argument(
+        "--readme", type=Path, help="rewrite the table between <!-- main-job:start/end --> in this file"
+    )
     args = parser.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; remove it or choose another --out")
@@ -148,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     result = summarise(args.workdir, args.seeds, config)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.readme:
+        args.readme.write_text(replace_block(args.readme.read_text(), readme_table(result)))
     return 0
 
 

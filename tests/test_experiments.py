@@ -60,3 +60,12 @@ def test_grpo_phrasings_records_counts_intervals_and_costs(monkeypatch, tmp_path
     with pytest.raises(SystemExit, match="exists"):
         script.main(argv)
     assert (workdir / "seed0" / "done").exists()
+    table = script.readme_table(result)
+    assert table.count("\n") == 1 + len(script.CONDITIONS) and "after, seed 1" in table
+    readme = "intro\n<!-- main-job:start -->\nold\n<!-- main-job:end -->\noutro\n"
+    assert (
+        script.replace_block(readme, table)
+        == f"intro\n<!-- main-job:start -->\n{table}\n<!-- main-job:end -->\noutro\n"
+    )
+    with pytest.raises(ValueError, match="exactly one"):
+        script.replace_block("no markers", table)
