@@ -72,7 +72,7 @@ def _datamodule(args: argparse.Namespace) -> Any:
     dm = PromptDataModule(
         task=args.task, task_kwargs=task_kwargs, tokenizer=args.model,
         num_train=args.prompts * (args.warmup + args.steps), num_val=0, batch_size=args.prompts,
-        seed=args.seed, shuffle=False, system_prompt=args.system_prompt,
+        seed=args.seed, shuffle=False, system_prompt=args.system_prompt, max_length=args.max_prompt_tokens,
     )
     # fmt: on
     dm.prepare_data()
@@ -309,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", choices=("arithmetic", "needle"), default="arithmetic", help="the prompts' task")
     p.add_argument("--digits", type=int, default=2, help="operand digits of the arithmetic task")
     p.add_argument("--haystack-words", type=int, default=300, help="prose filler words of the needle task")
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=1024, help="longer prompts are dropped (both sides)"
+    )
     p.add_argument(
         "--system-prompt", choices=("task",), default=None,
         help="'task': the task's format and one worked exchange before each prompt (the README main job's)",
