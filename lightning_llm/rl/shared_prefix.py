@@ -108,26 +108,6 @@ def expand_cache(cache: Any, index: Tensor) -> Any:
     return cache
 
 
-def _cache_class() -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache
-
-
-def _prefix_pass(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Any]:
-    """The decoder over prompts ``[U, P]``: (final hidden states ``[U, P, H]``, their cache)."""
-    cache = _cache_class()(config=model.config)
-    out = decoder_outputs(
-        model,
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=position_ids_from_mask(prompt_mask),
-        use_cache=True,
-        **{cache_kwarg(model): cache},
-    )
-    return out.last_hidden_state, cache
-
-
 @dataclass(frozen=True)
 class _Folded:
     """One sequence per distinct prompt: ``[prompt | completion of slot 0 | … | completion of slot S − 1]``."""
@@ -239,5 +219,16 @@ def prefill_prefixes(model: PreTrainedModel, input_ids: Tensor, attention_mask: 
     groups = prefix_groups(input_ids[:, :-1], attention_mask[:, :-1])
     if groups.num_prefixes == groups.num_rows:
         return None
-    _, cache = _prefix_pass(model, input_ids[groups.unique, :-1], attention_mask[groups.unique, :-1])
+    from transformers import DynamicCache
+
+    unique = groups.unique
+    cache = DynamicCache(config=model.config)
+    decoder_outputs(
+        model,
+        input_ids=input_ids[unique, :-1],
+        attention_mask=attention_mask[unique, :-1],
+        position_ids=position_ids_from_mask(attention_mask[unique, :-1]),
+        use_cache=True,
+        **{cache_kwarg(model): cache},
+    )
     return expand_cache(cache, groups.inverse)
