@@ -18,17 +18,11 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_llm.datamodules.prompt import PromptDataModule
-from lightning_llm.datamodules.sources import (
-    DataSourceError,
-    EpochSampler,
-    _read,
-    read_text_records,
-    render_prompt,
-)
+from lightning_llm.datamodules.sources import DataSourceError, _read, read_text_records, render_prompt
 from lightning_llm.datamodules.tasks.forecasting import NewsDoc, format_question
 from lightning_llm.envs.search import BM25Retriever
 from lightning_llm.text import normalize_answer
@@ -242,11 +236,10 @@ class _ForecastItems(Dataset):
         return self.renderer.item(self.examples[i], [pool[j] for j in picked])
 
 
-class _EpochSampler(EpochSampler):
+class _EpochSampler(DistributedSampler):
     """A (distributed) shuffling sampler whose indices carry the epoch, ``epoch * N + i``, so that the articles
     drawn for a question are a function of the seed, the question and the epoch: reproducible and resumable.
-    A ``DistributedSampler``, so Lightning keeps it under DDP instead of replacing it; its epoch is in its
-    ``state_dict`` (:class:`~lightning_llm.datamodules.sources.EpochSampler`)."""
+    A ``DistributedSampler``, so Lightning keeps it under DDP instead of replacing it."""
 
     def __iter__(self) -> Iterator[int]:
         offset = self.epoch * len(self.dataset)
