@@ -1,8 +1,10 @@
 r"""Whole-model trellis quantisation, its optional distillation, and safetensors save / load.
 
 :func:`quantize_model` replaces every ``nn.Linear`` of a model (except names in ``skip``; embeddings are not
-``nn.Linear`` and are never touched) by a :class:`~.linear.TrellisLinear`, optionally followed by the few-shot
-distillation of :mod:`.distill` (:func:`distill_quantized`). :func:`save_quantized` writes ``config.json`` (the
+``nn.Linear`` and are never touched) by a :class:`~.linear.TrellisLinear`, rounded data-free or, with
+``rounding="ldlq"``, layer by layer by BlockLDLQ under proxy Hessians from calibration data (:mod:`.ldlq`,
+:func:`quantize_layer`), optionally followed by the few-shot distillation of :mod:`.distill`
+(:func:`distill_quantized`). :func:`save_quantized` writes ``config.json`` (the
 model's Hugging Face config), ``quantization.json`` (method and each layer's metadata) and
 ``model.safetensors`` (every parameter and buffer, quantised layers included; no pickle);
 :func:`load_quantized` rebuilds the architecture from the config, swaps in empty
