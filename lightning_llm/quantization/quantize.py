@@ -32,6 +32,7 @@ MSE 0.0690).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,7 @@ from lightning_llm.kernels.trellis_decode import pack_chunks, rtn_levels
 
 from .codes import MULBAL_CANDIDATES, MulBalCode, make_code
 from .hadamard import incoherence_process, incoherence_unprocess
+from .ldlq import DEFAULT_DAMP, block_ldlq, damp_hessian, incoherence_hessian
 from .trellis import decode_packed, pack, viterbi
 
 __all__ = ["QuantizedMatrix", "decode_normalized", "dequantize", "quantize_matrix"]
@@ -57,6 +59,9 @@ class QuantizedMatrix:
     shape: tuple[int, int]
     code: str
     code_params: dict = field(default_factory=dict)
+    #: Encode-time statistics, not stored by ``TrellisLinear``: with a Hessian, ``proxy_error`` =
+    #: ``tr(ΔW H ΔWᵀ)`` under the damped ``H`` and ``proxy_relative`` = that over ``tr(W H Wᵀ)``.
+    stats: dict = field(default_factory=dict)
     bits: int = 2
     L: int = 16
     V: int = 1
@@ -144,8 +149,39 @@ def quantize_matrix(
     proxy_tiles: int = 4,
     candidates=MULBAL_CANDIDATES,
     chunk_tiles: int = 32,
+    hessian: Tensor | None = None,
+    damp: float = DEFAULT_DAMP,
+    ldlq_block: int | None = None,
 ) -> QuantizedMatrix:
-    """Quantise ``W [m, n]`` to ``bits`` bits per weight (see the module docstring)."""
+    """Quantise ``W [m, n]`` to ``bits`` bits per weight (see the module docstring).
+
+    ``hessian`` (``[n, n]``, the proxy Hessian ``E[x xᵀ]`` of the layer's inputs) switches the rounding to
+    BlockLDLQ (:func:`.ldlq.block_ldlq`) under ``H`` damped by ``damp`` (relative to its mean diagonal) and
+    rotated like ``W``'s inputs: the trellis codes quantise each tile with the Viterbi as the block quantiser
+    (blocks = the tiles of ``tile`` weights, so ``ldlq_block`` must be None or ``tile``); RTN rounds entry by entry
+    with feedback blocks of ``ldlq_block`` entries (default 1: column-by-column LDLQ) on the same per-row grid as
+    without a Hessian. Every least-squares fit is then taken in the ``H`` metric: Proteus's generator is chosen by
+    the proxy error of BlockLDLQ on a few whole groups of rows, its affine ``α, β`` and the channel scales ``σ_i``
+    minimise ``tr(ΔW̃ H̃ ΔW̃ᵀ)`` instead of ``‖ΔW̃‖²``. The proxy error is returned in ``stats``. Without a
+    Hessian the encoding is data-free, as described in the module docstring.
+    """
+    if hessian is not None:
+        return _quantize_ldlq(
+            W,
+            code,
+            bits,
+            L,
+            V,
+            seed,
+            tile,
+            incoherence,
+            proxy_tiles,
+            candidates,
+            chunk_tiles,
+            hessian,
+            damp,
+            ldlq_block,
+        )
     if W.dim() != 2:
         raise ValueError(f"W must be a matrix, got shape {tuple(W.shape)}")
     if code not in _CODES:
@@ -194,6 +230,162 @@ def quantize_matrix(
     return QuantizedMatrix(
         packed=pack(states, L, bits, V), scales=scales, code=code, code_params=params, **common
     )
+
+
+def _check_args(W: Tensor, code: str, bits: int) -> None:
+    if W.dim() != 2:
+        raise ValueError(f"W must be a matrix, got shape {tuple(W.shape)}")
+    if code not in _CODES:
+        raise ValueError(f"code must be one of {_CODES}, got {code!r}")
+    if bits < 1:
+        raise ValueError(f"bits must be positive, got {bits}")
+
+
+def _affine_fit_h(g: Tensor, x: Tensor, H: Tensor) -> tuple[float, float]:
+    """``min_{α,β} Σ_i (x_i − α g_i − β 1) H (x_i − α g_i − β 1)ᵀ`` over the rows of ``g, x [m, n]``."""
+    g, x = g.double(), x.double()
+    gh, ones_h = g @ H, H.sum(0)
+    a11, a12, a22 = float((gh * g).sum()), float(gh.sum()), float(H.sum()) * g.shape[0]
+    b1, b2 = float((gh * x).sum()), float((x * ones_h).sum())
+    det = a11 * a22 - a12 * a12
+    if not abs(det) > 1e-12 * max(a11 * a22, 1e-300):
+        return 1.0, 0.0
+    return (b1 * a22 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
+
+
+def _scales_h(Wt: Tensor, q: Tensor, H: Tensor) -> Tensor:
+    """Per-row ``σ_i = ⟨W̃_i, q_i⟩_H / ⟨q_i, q_i⟩_H``, the scale minimising ``(W̃_i − σ_i q_i) H (·)ᵀ``."""
+    qh = q.double() @ H
+    return ((qh * Wt.double()).sum(1) / (qh * q.double()).sum(1).clamp_min(1e-300)).float()
+
+
+def _trellis_quantizer(c, L: int, bits: int, V: int, chunk_tiles: int):
+    def quantize(targets: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+        states, _ = viterbi(targets, c, L, bits, V, tail_biting=True, chunk_tiles=chunk_tiles)
+        return c(states).reshape(targets.shape), states
+
+    return quantize
+
+
+def _select_mulbal_h(
+    X: Tensor, H: Tensor, tile: int, bits: int, L, V, candidates, proxy_tiles: int, seed: int
+):
+    """The MUL-BAL generator with the lowest proxy error ``tr(E H Eᵀ)`` (after an ``H``-metric affine fit) of
+    BlockLDLQ on ``ceil(proxy_tiles / T)`` random whole groups of ``G`` rows (the unit of the tile layout)."""
+    m, n = X.shape
+    span = n * tile // math.gcd(n, tile)
+    G, T = span // n, span // tile
+    groups = -(-m // G)
+    g = torch.Generator().manual_seed(seed)
+    picked = torch.randperm(groups, generator=g)[: max(1, -(-proxy_tiles // T))]
+    rows = torch.cat([torch.arange(i * G, min((i + 1) * G, m)) for i in picked.tolist()])
+    sub = X[rows]
+    best, errors = None, {}
+    for mult, shift in candidates:
+        code = MulBalCode(V=V, multiplier=mult, shift=shift)
+        gval, _ = block_ldlq(sub, H, _trellis_quantizer(code, L, bits, V, 32), tile)
+        alpha, beta = _affine_fit_h(gval, sub, H)
+        E = alpha * gval.double() + beta - sub.double()
+        err = float(((E @ H) * E).sum()) / sub.numel()
+        errors[(mult, shift)] = err
+        if best is None or err < best[0]:
+            best = (err, code.with_affine(alpha, beta))
+    return best[1], errors
+
+
+def _quantize_ldlq(
+    W,
+    code,
+    bits,
+    L,
+    V,
+    seed,
+    tile,
+    incoherence,
+    proxy_tiles,
+    candidates,
+    chunk_tiles,
+    hessian,
+    damp,
+    ldlq_block,
+) -> QuantizedMatrix:
+    _check_args(W, code, bits)
+    m, n = W.shape
+    if hessian.shape != (n, n):
+        raise ValueError(
+            f"hessian must be [{n}, {n}] for W of shape {tuple(W.shape)}, got {tuple(hessian.shape)}"
+        )
+    if not torch.isfinite(hessian).all():
+        raise ValueError("hessian has non-finite entries")
+    seed_out, seed_in = 2 * seed, 2 * seed + 1
+    Wt = W.detach().float()
+    H = damp_hessian(hessian, damp)
+    if incoherence:
+        Wt = incoherence_process(Wt, seed_out, seed_in)
+        H = incoherence_hessian(H, seed_in)
+    common = dict(
+        shape=(m, n),
+        bits=bits,
+        L=L,
+        V=V,
+        tile=tile,
+        seed_out=seed_out,
+        seed_in=seed_in,
+        incoherence=incoherence,
+    )
+    if code == "rtn":
+        block = 1 if ldlq_block is None else ldlq_block
+        levels, offset = 1 << bits, ((1 << bits) - 1) / 2
+        _, step = _rtn(Wt, bits)
+        step_pad = torch.cat([step, step.new_ones(1)])
+
+        def rtn(targets: Tensor, rows: Tensor) -> tuple[Tensor, None]:
+            s = step_pad[rows.clamp_max(m)]
+            idx = torch.clamp(torch.round(targets / s + offset), 0, levels - 1)
+            return (idx - offset) * s, None
+
+        W_hat, _ = block_ldlq(Wt, H, rtn, block)
+        idx = torch.clamp(torch.round(W_hat / step.unsqueeze(1) + offset), 0, levels - 1).to(torch.int64)
+        qm = QuantizedMatrix(
+            packed=pack_chunks(_tiles(idx, tile), bits),
+            scales=step.float(),
+            code="rtn",
+            code_params={},
+            **common,
+        )
+        q_scaled = (idx - offset) * step.unsqueeze(1)
+    else:
+        if ldlq_block not in (None, tile):
+            raise ValueError(f"the trellis codes quantise whole tiles: ldlq_block must be None or {tile}")
+        if tile % V != 0:
+            raise ValueError(f"tile={tile} must be a multiple of V={V}")
+        rms = Wt.pow(2).mean(1).sqrt().clamp_min(1e-12)
+        X = Wt / rms.unsqueeze(1)
+        params: dict = {}
+        if code == "proteus":
+            c, errors = _select_mulbal_h(X, H, tile, bits, L, V, candidates, proxy_tiles, seed)
+            params["proxy_errors"] = errors
+        else:
+            c = make_code(code, V=V)
+        _, states = block_ldlq(X, H, _trellis_quantizer(c, L, bits, V, chunk_tiles), tile)
+        n_tiles = states.shape[0]
+        if code == "proteus":
+            raw = MulBalCode(V=V, multiplier=c.multiplier, shift=c.shift)(states).reshape(n_tiles, tile)
+            c = c.with_affine(*_affine_fit_h(_untile(raw, (m, n)), X, H))
+        q = _untile(c(states).reshape(n_tiles, tile), (m, n))
+        scales = _scales_h(Wt, q, H)
+        params.update(c.params())
+        qm = QuantizedMatrix(
+            packed=pack(states, L, bits, V), scales=scales, code=code, code_params=params, **common
+        )
+        q_scaled = q * scales.unsqueeze(1)
+    E = q_scaled.double() - Wt.double()
+    err = float(((E @ H) * E).sum())
+    qm.stats = {
+        "proxy_error": err,
+        "proxy_relative": err / max(float(((Wt.double() @ H) * Wt.double()).sum()), 1e-300),
+    }
+    return qm
 
 
 def _rebuild_code(qm: QuantizedMatrix):
