@@ -253,13 +253,13 @@ def _unit(config: dict[str, Any]) -> str:
         lengths += f" (min {config['min_new_tokens']})"
     model = config["model"] + (f" + LoRA r={config['lora_r']}" if config.get("lora_r") else "")
     task = config.get("task", "arithmetic")
-    if task == "needle":
-        task = f"needle {config['haystack_words']} words"
+    parts = [f"needle {config['haystack_words']} words"] if task == "needle" else []
     if config.get("system_prompt"):
-        task += f", system prompt {config['system_prompt']}"
+        parts.append(f"{task if task != 'needle' else 'needle'} with system prompt {config['system_prompt']}")
     if config.get("no_shared_prefix"):
         model += ", ours unshared"
-    return f"{config['prompts']} prompts x {config['group_size']}, {task}, {lengths}, {model}, fp32, cpu"
+    setting = "".join(f"{p}, " for p in parts)
+    return f"{config['prompts']} prompts x {config['group_size']}, {setting}{lengths}, {model}, fp32, cpu"
 
 
 def _provenance(payload: dict[str, Any]) -> dict[str, Any]:

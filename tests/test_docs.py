@@ -25,7 +25,7 @@ REFERENCE = re.compile(r"docs/methods\.md[ \t]*§[ \t]*(\d+)")
 RETIRED_NAME = "METHODS"
 RETIRED_REFERENCE = re.compile(rf"\b{RETIRED_NAME}(?:\.md|[ \t]*§|[ \t]+(?:marks|notes|says)\b|: [a-z])")
 # Repository paths cited in backticks: rooted ones, and package-relative ones such as `eviction/memory.py`.
-ROOTS = "lightning_llm|tests|tutorials|configs|benchmarks|docs|tools"
+ROOTS = "lightning_llm|tests|tutorials|configs|benchmarks|docs|tools|experiments"
 ROOTED_PATH = re.compile(rf"`((?:{ROOTS})/[^`\s*]+)`")
 PACKAGE_PATH = re.compile(rf"`(?!(?:{ROOTS})/)([a-z_]+/[a-z_/]*[a-z_]+\.py)`")
 
