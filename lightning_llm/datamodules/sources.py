@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_llm.backbones import stop_token_ids, turn_end_token_id
+from lightning_llm.backbones import apply_chat_template, stop_token_ids, turn_end_token_id
 from lightning_llm.datamodules.tasks import Task, get_task, split_train_val
 from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
 from lightning_llm.text import DataSourceError, PromptPrefix, prefix_messages, read_jsonl, read_text_records
@@ -218,7 +218,7 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt
     """
     messages = prefix_messages(system_prompt)
     messages.append({"role": "user", "content": prompt})
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return apply_chat_template(tokenizer, messages, add_generation_prompt=True)
 
 
 def pad_sequences(sequences: Sequence[torch.Tensor], value: int, *, left: bool = False) -> torch.Tensor:
@@ -482,9 +482,7 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         prompts = [self._render_prompt(example.prompt) for example in examples]
         responses = []
         for example, prompt in zip(examples, prompts, strict=True):
-            full = tokenizer.apply_chat_template(
-                self._messages(example.prompt, example.completion), tokenize=False
-            )
+            full = apply_chat_template(tokenizer, self._messages(example.prompt, example.completion))
             if not full.startswith(prompt):
                 raise ValueError(
                     f"the chat template of {tokenizer.name_or_path!r} renders a conversation that does not "
