@@ -1,4 +1,5 @@
-"""The 2-bit perplexity study shared by tutorial 19, ``tests/behaviour/test_proteus.py`` and ``benchmarks/quant.py``.
+"""2-bit quantisers compared on a trained tiny model (tutorial 19, ``tests/behaviour/test_proteus.py``,
+``benchmarks/quant.py``).
 
 :func:`train_arithmetic_model` trains the embedded ``"tiny"`` backbone on two-digit arithmetic with ``+ - *``
 (exact arithmetic is sensitive to weight error; a model trained on PCFG sentences was not: RTN-2 left its
