@@ -48,6 +48,7 @@ from lightning_llm.backbones.inspect import decoder_layers
 from lightning_llm.datamodules.activation_harvest import harvest_corpus, special_token_ids
 from lightning_llm.modules import SparseAutoencoderModule
 from lightning_llm.trainer import quiet_trainer
+from lightning_llm.types import IGNORE_INDEX
 
 MODES = ("sequential", "block")
 
@@ -111,14 +112,14 @@ def _nll(
         finally:
             if handle is not None:
                 handle.remove()
-        labels = input_ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        labels = input_ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)
         nll = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]),
             labels.reshape(-1),
-            ignore_index=-100,
+            ignore_index=IGNORE_INDEX,
             reduction="sum",
         )
-        total, tokens = total + float(nll), tokens + int((labels != -100).sum())
+        total, tokens = total + float(nll), tokens + int((labels != IGNORE_INDEX).sum())
     return total / tokens
 
 
