@@ -21,7 +21,11 @@ def test_zero_shot_table_updates_rows_and_refuses_to_overwrite(experiment, tmp_p
     with pytest.raises(SystemExit, match="exists"):
         study.main([*argv, "--settings", "copy"])
     study.main([*argv, "--settings", "latin_square", "copy", "--update"])
-    assert [r["setting"] for r in json.loads(out.read_text())["rows"]] == ["copy", "word_count", "latin_square"]
+    assert [r["setting"] for r in json.loads(out.read_text())["rows"]] == [
+        "copy",
+        "word_count",
+        "latin_square",
+    ]
     with pytest.raises(SystemExit, match="unknown settings"):
         study.main([*argv, "--settings", "no such setting", "--update"])
     with pytest.raises(SystemExit, match="another model, n or seeds"):
