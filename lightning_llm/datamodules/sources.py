@@ -24,7 +24,7 @@ from lightning_llm.backbones import apply_chat_template, stop_token_ids, turn_en
 from lightning_llm.datamodules.tasks import Task, get_task, split_train_val
 from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
 from lightning_llm.text import DataSourceError, PromptPrefix, prefix_messages, read_jsonl, read_text_records
-from lightning_llm.types import Example
+from lightning_llm.types import IGNORE_INDEX, Example
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -40,8 +40,6 @@ __all__ = [
 
 FIELDS = ("prompt", "completion", "answer")
 _MESSAGES = "messages"
-#: Label of positions that are not trained on (PyTorch's and Hugging Face's cross-entropy default).
-IGNORE_INDEX = -100
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
 
 
