@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
+from lightning_llm.backbones import apply_chat_template
 from lightning_llm.backbones.inspect import layer_output_reader
 from lightning_llm.datamodules.activation_store import ShardWriter, ValidationSet
 from lightning_llm.datamodules.chat_corpus import load_chat_corpus
@@ -177,7 +178,7 @@ def render_corpus(tokenizer: Any, max_length: int) -> list[Tensor]:
     """Token ids of every corpus conversation in the chat template, cut at ``max_length``."""
     rows = []
     for item in load_chat_corpus():
-        text = tokenizer.apply_chat_template(item["messages"], tokenize=False)
+        text = apply_chat_template(tokenizer, item["messages"])
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_length]
         rows.append(torch.tensor(ids, dtype=torch.long))
     return rows

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lightning_llm.backbones import stop_token_ids
+from lightning_llm.backbones import apply_chat_template, stop_token_ids
 from lightning_llm.callbacks import ActivationSteering
 from lightning_llm.callbacks.steering import last_token_hidden
 from lightning_llm.evaluation.steering import RegexConceptDetector
@@ -173,9 +173,7 @@ def contrast_pairs(concept: str, n: int, seed: int) -> list[tuple[str, str]]:
 def chat_prompts(tokenizer: Any, prompts: Sequence[str]) -> list[str]:
     """Each prompt as one user turn in the tokenizer's chat template, ready for the assistant's reply."""
     return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-        )
+        apply_chat_template(tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
         for p in prompts
     ]
 
