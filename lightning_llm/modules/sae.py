@@ -267,7 +267,7 @@ class SparseAutoencoderModule(L.LightningModule):
         return out
 
     def _aux_loss(self, x_scaled: Tensor, recon: Tensor, coefficient: float) -> Tensor:
-        """AuxK: the top-``d/2`` dead latents reconstruct the (detached) residual; zero without dead latents.
+        r"""AuxK: the top-``d/2`` dead latents reconstruct the (detached) residual; zero without dead latents.
 
         Top-k over the dead latents' raw pre-activations (``aux_relu=False``) or their ReLU (``True``); with
         ``rescale_acts_by_decoder_norm`` over :math:`z_i\lVert d_i\rVert`, decoded divided by the norms, as

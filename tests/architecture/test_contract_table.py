@@ -202,3 +202,41 @@ def test_sft_step(arch, saved, quiet_trainer):
     before = {n: p.detach().clone() for n, p in module.model.named_parameters()}
     quiet_trainer(max_steps=1).fit(module, dm)
     assert any(not torch.equal(p, before[n]) for n, p in module.model.named_parameters())
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_dpo_step(arch, saved, quiet_trainer):
+    from lightning_llm.datamodules import HoneypotPreferenceDataModule
+    from lightning_llm.modules import DPOModule
+
+    L.seed_everything(0)
+    module = DPOModule(model=saved[arch], lr=1e-3)
+    dm = HoneypotPreferenceDataModule(num_train=8, num_val=2, batch_size=2, max_length=48)
+    before = {n: p.detach().clone() for n, p in module.model.named_parameters()}
+    quiet_trainer(max_steps=1).fit(module, dm)
+    assert any(not torch.equal(p, before[n]) for n, p in module.model.named_parameters())
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_export_reloads_with_plain_transformers(arch, lora, saved, quiet_trainer, tmp_path):
+    """One SFT step, ``save_pretrained``, then ``AutoModelForCausalLM.from_pretrained`` (no library code): the
+    same logits; a LoRA run exports merged weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightning_llm.lora import LoRAConfig
+
+    L.seed_everything(0)
+    module = CausalLMModule(model=saved[arch], lr=1e-3, lora=LoRAConfig(r=2, alpha=4.0) if lora else None)
+    dm = ChatSFTDataModule(task="arithmetic", num_train=8, num_val=2, batch_size=4, max_length=48)
+    quiet_trainer(max_steps=1).fit(module, dm)
+    written = module.save_pretrained(tmp_path / "export")
+    plain = AutoModelForCausalLM.from_pretrained(written, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(written)
+    assert tokenizer.chat_template == module.tokenizer.chat_template
+    ids = torch.tensor([[5, 17, 42, 9, 33, 2, 71, 8]])
+    with torch.no_grad():
+        ours = module.model.eval()(input_ids=ids).logits
+        theirs = plain(input_ids=ids).logits
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+    assert not any("lora" in name for name, _ in plain.named_parameters())
