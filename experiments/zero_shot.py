@@ -77,6 +77,32 @@ def run(
     return {"model": model_name, "n_per_seed": n, "seeds": list(seeds), "decoding": "greedy", "rows": rows}
 
 
+#: Accuracy band in which an RL run on the task gets a learning signal (some, not all, samples of a group right).
+SIGNAL_BAND = (0.10, 0.60)
+
+
+def render_table(result: dict[str, Any]) -> str:
+    """The README's markdown table of one results file: median [min–max] over seeds, the RL-signal band marked."""
+    lines = ["| task, difficulty | zero-shot accuracy, median [min–max] over seeds |", "| --- | --- |"]
+    for row in result["rows"]:
+        cell = f"{row['median']:.2f} [{row['min']:.2f}–{row['max']:.2f}]"
+        if SIGNAL_BAND[0] <= row["median"] <= SIGNAL_BAND[1]:
+            cell += " **(10–60%: RL has signal)**"
+        lines.append(f"| {row['setting']} | {cell} |")
+    return "\n".join(lines)
+
+
+def readme_block(text: str, key: str, table: str | None = None) -> str:
+    """The table between ``<!-- zero-shot:KEY:start -->`` and its end marker in ``text``; with ``table``, ``text``
+    with that block replaced. ``ValueError`` without the markers."""
+    start, end = f"<!-- zero-shot:{key}:start -->", f"<!-- zero-shot:{key}:end -->"
+    if start not in text or end not in text:
+        raise ValueError(f"no '{start}' ... '{end}' block")
+    head, rest = text.split(start, 1)
+    body, tail = rest.split(end, 1)
+    return body.strip("\n") if table is None else f"{head}{start}\n{table}\n{end}{tail}"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -89,7 +115,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="replace those settings' rows in an existing --out, keep the rest",
     )
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        metavar="README",
+        help="instead of measuring: write --out's table into README's <!-- zero-shot:KEY:start --> block",
+    )
+    parser.add_argument("--key", help="with --readme: the block's KEY (default: the results file's model)")
     args = parser.parse_args(argv)
+    if args.readme is not None:
+        result = json.loads(args.out.read_text())
+        text = readme_block(args.readme.read_text(), args.key or result["model"], render_table(result))
+        args.readme.write_text(text)
+        return
     refuse_existing(args.out, args.update, "remove it, choose another --out, or pass --update")
     chosen = [s for s in SETTINGS if not args.settings or s[0] in args.settings]
     if args.settings and len(chosen) != len(args.settings):

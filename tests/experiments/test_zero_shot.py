@@ -30,3 +30,20 @@ def test_zero_shot_table_updates_rows_and_refuses_to_overwrite(experiment, tmp_p
         study.main([*argv, "--settings", "no such setting", "--update"])
     with pytest.raises(SystemExit, match="another model, n or seeds"):
         study.main([*argv[:3], "3", "--seeds", "0", "1", "--out", str(out), "--settings", "copy", "--update"])
+
+
+@pytest.mark.parametrize(
+    ("key", "results"), [("smollm2-135m", "zero_shot_smollm2.json"), ("gemma3-270m", "zero_shot_gemma3.json")]
+)
+def test_readme_tables_are_the_results_files(experiment, key, results):
+    """The README's zero-shot tables are rendered from the committed results (``--readme``), not typed."""
+    from pathlib import Path
+
+    study = experiment("zero_shot")
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / "benchmarks/results" / results).read_text())
+    assert result["model"] == key
+    readme = (root / "README.md").read_text()
+    assert study.readme_block(readme, key) == study.render_table(result)
+    with pytest.raises(ValueError, match="no '<!-- zero-shot:other:start -->'"):
+        study.readme_block(readme, "other")
