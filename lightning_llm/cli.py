@@ -22,6 +22,7 @@ import copy
 import logging
 import os
 import re
+import shlex
 import sys
 import warnings
 from typing import Any, NoReturn
@@ -36,9 +37,10 @@ from typing_extensions import override
 import lightning_llm.callbacks
 import lightning_llm.datamodules
 import lightning_llm.modules  # noqa: F401
+from lightning_llm.callbacks import InterruptCheckpoint
 from lightning_llm.trainer import StepProgressBar
 
-__all__ = ["DEBUG_ENV", "LightningLLMCLI", "condense_error", "main"]
+__all__ = ["DEBUG_ENV", "LightningLLMCLI", "checkpoint_problem", "condense_error", "main"]
 
 #: Set to ``1`` to see configuration errors in full (usage, jsonargparse's report, traceback).
 DEBUG_ENV = "LIGHTNING_LLM_DEBUG"
@@ -132,6 +134,11 @@ class LightningLLMCLI(LightningCLI):
             isinstance(cb, ProgressBar) for cb in [*given, *callbacks]
         ):
             callbacks = [*callbacks, StepProgressBar()]
+        # Ctrl-C / SIGTERM save the last completed step and print how to resume, unless the config has its own.
+        if self.config.get("subcommand") == "fit" and not any(
+            isinstance(cb, InterruptCheckpoint) for cb in [*given, *callbacks]
+        ):
+            callbacks = [*callbacks, InterruptCheckpoint(resume_command=_resume_command(self._argv))]
         return super()._instantiate_trainer(config, callbacks)
 
     #: Model arguments that say where (and whether over what) a run writes its export: on resume the config's and
@@ -145,7 +152,12 @@ class LightningLLMCLI(LightningCLI):
         # What the config and command line say, before the checkpoint's hyper-parameters are laid over it.
         self._given_model = copy.deepcopy(self.config[subcommand].get("model")) if subcommand else None
         argv = sys.argv[1:] if args is None else args
+        self._argv = list(argv) if isinstance(argv, (list, tuple)) else []
         self._model_flags = _model_flags(argv) if isinstance(argv, (list, tuple)) else set()
+        # Before Lightning reads the checkpoint's hyper-parameters (a truncated file would end in the zip reader).
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and (problem := checkpoint_problem(ckpt_path)):
+            self.parser.error(f"--ckpt_path {ckpt_path}: {problem}")
 
     @override
     def before_instantiate_classes(self) -> None:
@@ -187,6 +199,46 @@ def _instantiation_message(error: BaseException) -> str:
         root = root.__cause__
     found = re.search(r"class_path='([^']+)'", str(error))
     return f"{found.group(1) + ': ' if found else ''}{type(root).__name__}: {root}"
+
+
+def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
+    """What makes ``path`` unusable as ``--ckpt_path`` (missing, unreadable, truncated, not a Lightning checkpoint,
+    or one without a model state), or ``None``. Loads the file with ``torch.load(weights_only=True)`` on CPU."""
+    import torch
+
+    if not os.path.exists(path):
+        return "no such file"
+    if os.path.isdir(path):
+        return "is a directory, not a checkpoint file"
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # the zip reader's and unpickler's errors
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"not a readable checkpoint (truncated or another format): {type(error).__name__}: {reason}"
+    if (
+        not isinstance(checkpoint, dict)
+        or "state_dict" not in checkpoint
+        or "pytorch-lightning_version" not in checkpoint
+    ):
+        return "not a Lightning checkpoint (no 'state_dict' and 'pytorch-lightning_version' entries)"
+    return None
+
+
+def _resume_command(argv: list[str]) -> str:
+    """``lightning-llm`` and ``argv`` quoted for a shell, without a ``--ckpt_path`` it already has."""
+    kept: list[str] = []
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token == "--ckpt_path":
+            skip = True
+            continue
+        if isinstance(token, str) and token.startswith("--ckpt_path="):
+            continue
+        kept.append(str(token))
+    return shlex.join(["lightning-llm", *kept])
 
 
 def _model_flags(argv: list[str] | tuple[str, ...]) -> set[str]:

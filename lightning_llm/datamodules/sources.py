@@ -19,6 +19,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+from typing_extensions import override
 
 from lightning_llm.backbones import stop_token_ids, turn_end_token_id
 from lightning_llm.datamodules.tasks import Task, get_task, split_train_val
@@ -31,7 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DataSourceError",
+    "EpochSampler",
     "ExampleDataModule",
+    "epoch_sampler",
     "load_records",
     "pad_sequences",
     "read_text_records",
@@ -221,6 +225,43 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
+class EpochSampler(StatefulDistributedSampler):
+    """torchdata's ``StatefulDistributedSampler`` (epoch ``e``'s order is a function of ``seed + e``; its state
+    counts the indices yielded in the epoch) that moves to the next epoch when a pass ends, and keeps the epoch in
+    its ``state_dict``.
+
+    Under Lightning, which calls ``set_epoch`` before every epoch, the order is the same; a loader used on its
+    own (``for batch in loader`` twice) gets a new order each pass, and its ``state_dict`` resumes in the epoch it
+    was taken in.
+    """
+
+    @override
+    def __iter__(self) -> Iterator[int]:
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)  # the pass is over: the next one is the next epoch
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "epoch": self.epoch}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.set_epoch(int(state_dict.get("epoch", self.epoch)))
+
+
+def epoch_sampler(data: Any, trainer: L.Trainer | None, *, shuffle: bool, seed: int) -> EpochSampler:
+    """The training sampler: an :class:`EpochSampler`, over this rank's shard under DDP.
+
+    A resumed run draws the same order as the uninterrupted one in the epoch it resumes in and every later one,
+    where a sampler drawing from a ``torch.Generator`` does not: ``StatefulDataLoader`` fast-forwards within the
+    epoch but does not restore the generator, so the epochs after a resume were shuffled differently. Lightning
+    keeps a ``DistributedSampler`` under DDP instead of replacing it.
+    """
+    replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+    return EpochSampler(data, num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed)
+
+
 def pad_sequences(sequences: Sequence[torch.Tensor], value: int, *, left: bool = False) -> torch.Tensor:
     """Stack 1-D tensors into ``[B, max_len]``, filling with ``value`` on the right (or the left)."""
     length = max(len(sequence) for sequence in sequences)
@@ -401,13 +442,13 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         self._train_data, self._val_data = self._build(train, val)
 
     def train_dataloader(self) -> StatefulDataLoader:
+        data = self._built(self._train_data)
         return StatefulDataLoader(
-            self._built(self._train_data),
+            data,
             batch_size=self.hparams.batch_size,
-            shuffle=self.hparams.shuffle,
+            sampler=epoch_sampler(data, self.trainer, shuffle=self.hparams.shuffle, seed=self.hparams.seed),
             collate_fn=self._collator(),
             num_workers=self.hparams.num_workers,
-            generator=torch.Generator().manual_seed(self.hparams.seed),
         )
 
     def val_dataloader(self) -> DataLoader:
