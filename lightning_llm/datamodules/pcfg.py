@@ -180,6 +180,7 @@ class PCFGDataModule(L.LightningDataModule):
             sampler=epoch_sampler(self._train, self.trainer, shuffle=True, seed=self.hparams.seed),
             collate_fn=self._collate,
             num_workers=self.hparams.num_workers,
+            generator=torch.Generator().manual_seed(self.hparams.seed),  # its draws leave the global RNG alone
         )
 
     def val_dataloader(self) -> DataLoader:
