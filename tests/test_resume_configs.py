@@ -1,0 +1,168 @@
+"""Every training config, shrunk, through the real CLI: a run stopped by SIGINT/SIGTERM between two validations and
+resumed with ``--ckpt_path`` logs the same values at every step and ends with the same weights as a straight run.
+
+Shrunk: the tiny backbone, a few rollout/training batches with validation every 2, small data and warm-ups, the
+config's own callbacks, module and DataModule otherwise as shipped. The signal is sent to this process at the end
+of a training batch, as a user's Ctrl-C or a scheduler's SIGTERM would arrive; the CLI's InterruptCheckpoint saves
+the step and exits, and the resume runs the command it prints.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import inspect
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import yaml
+from lightning.pytorch import LightningDataModule, LightningModule
+
+from lightning_llm.cli import LightningLLMCLI
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+BATCHES = 5  # training batches of a run; validation after batches 2 and 4
+STOP_AFTER = 3  # the signal arrives at the end of batch 2, is acted on at the end of batch 3: between validations
+#: Callback arguments made small (applied where a callback has them).
+CALLBACK_SIZES = {
+    "steps": 2, "batch_size": 4, "num_examples": 4, "num_sentences": 8, "distill_steps": 2, "calibration": 1,
+    "max_tokens": 256, "window": 4, "rank_every": 2, "stage_epochs": [1, 1], "max_new_tokens": 8, "samples": 1,
+}  # fmt: skip
+#: DataModule arguments made small.
+DATA_SIZES = {
+    "num_train": 12, "num_val": 4, "batch_size": 2, "num_tokens": 2048, "buffer_size": 1024, "harvest_batch_size": 4,
+}  # fmt: skip
+
+
+def _updates_per_batch(model: dict[str, Any]) -> int:
+    """Optimizer steps per training batch (``max_steps`` counts those): GRPO's ``ppo_epochs * mini_batches``."""
+    from lightning_llm.modules import GRPOModule
+
+    if not model["class_path"].endswith("GRPOModule"):
+        return 1
+    defaults = inspect.signature(GRPOModule.__init__).parameters
+    args = model.get("init_args", {})
+    get = lambda name: args.get(name, defaults[name].default)  # noqa: E731
+    return int(get("ppo_epochs")) * int(get("mini_batches"))
+
+
+def _shrunk(config: Path, root: Path) -> tuple[Path, dict[str, Any]]:
+    cfg = yaml.safe_load(config.read_text())
+    trainer, model, data = cfg["trainer"], cfg["model"], cfg["data"]
+    updates = _updates_per_batch(model)
+    trainer.update(
+        max_steps=BATCHES * updates, max_epochs=None, val_check_interval=2, check_val_every_n_epoch=None,
+        log_every_n_steps=1, num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=str(root), logger={"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                            "init_args": {"save_dir": str(root)}},
+    )  # fmt: skip
+    if trainer.get("limit_val_batches", 1) != 0:
+        trainer["limit_val_batches"] = 1
+    for callback in trainer.get("callbacks", []):
+        args = callback.setdefault("init_args", {})
+        for name, value in CALLBACK_SIZES.items():
+            if name in args:
+                args[name] = value
+        if "save_dir" in args:
+            args["save_dir"] = str(root / "callback_out")
+    margs = model.setdefault("init_args", {})
+    if margs.get("model") not in (None, "tiny", "tiny-moe"):
+        margs["model"] = "tiny"  # a real checkpoint's steps are too slow here; the resume path is the same
+    if "save_dir" in margs:
+        margs["save_dir"] = str(root / "model")
+    if "group_size" in margs:
+        margs["group_size"] = min(margs["group_size"], 4)
+    dargs = data.setdefault("init_args", {})
+    for name, value in DATA_SIZES.items():
+        if name in dargs:
+            dargs[name] = value
+    if dargs.get("system_prompt") == "task" or "num_train" not in dargs:
+        dargs.setdefault("num_train", DATA_SIZES["num_train"])
+    path = root.with_suffix(".yaml")
+    path.write_text(yaml.safe_dump(cfg))
+    return path, cfg
+
+
+class SignalAt(L.Callback):
+    """Sends ``signum`` to this process at the end of training batch ``batch`` (1-based)."""
+
+    def __init__(self, batch: int, signum: int) -> None:
+        self.batch, self.signum, self.seen = batch, signum, 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        self.seen += 1
+        if self.seen == self.batch:
+            os.kill(os.getpid(), self.signum)
+
+
+class FinalWeights(L.Callback):
+    """Writes the module's ``state_dict`` at the end of a fit that finishes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.save({k: v.detach().clone() for k, v in pl_module.state_dict().items()}, self.path)
+
+
+def _fit(config: Path, *extra: str, callbacks: tuple[L.Callback, ...] = ()) -> None:
+    LightningLLMCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},
+        args=["fit", "--config", str(config), *extra],
+        trainer_defaults={"callbacks": list(callbacks)},
+    )
+
+
+#: Logged values that are not functions of the training (wall time) or that Lightning aggregates per epoch (an
+#: interrupted epoch ends at another step).
+_UNCOMPARABLE = ("time", "epoch", "_sec", "per_s", "throughput")
+
+
+def _logged(root: Path) -> dict[tuple[int, str], float]:
+    out: dict[tuple[int, str], float] = {}
+    for path in sorted(glob.glob(f"{root}/lightning_logs/*/metrics.csv")):
+        with open(path) as handle:
+            for row in csv.DictReader(handle):
+                for key, value in row.items():
+                    if key != "step" and value and not any(word in key for word in _UNCOMPARABLE):
+                        out[int(row["step"]), key] = float(value)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_interrupted_and_resumed_equals_the_straight_run(config, tmp_path, capsys, tiny_backbone):
+    signum = (signal.SIGINT, signal.SIGTERM)[CONFIGS.index(config) % 2]  # both paths, over the configs
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight_yaml, cfg = _shrunk(config, straight)
+    resumed_yaml, _ = _shrunk(config, resumed)
+    _fit(straight_yaml, callbacks=(FinalWeights(tmp_path / "straight.pt"),))
+    with pytest.raises(SystemExit) as stopped:
+        _fit(resumed_yaml, callbacks=(SignalAt(STOP_AFTER - 1, signum), FinalWeights(tmp_path / "lost.pt")))
+    assert stopped.value.code == 128 + signum
+    assert not (tmp_path / "lost.pt").exists()  # the interrupted fit did not finish
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    checkpoint = line.rsplit("--ckpt_path ", 1)[1]
+    updates = _updates_per_batch(cfg["model"])
+    assert torch.load(checkpoint, weights_only=False)["global_step"] == STOP_AFTER * updates, line
+    _fit(resumed_yaml, "--ckpt_path", checkpoint, callbacks=(FinalWeights(tmp_path / "resumed.pt"),))
+    expected, got = _logged(straight), _logged(resumed)
+    steps = {step for step, _ in expected}
+    assert len(steps) >= BATCHES - 1 and any(key.startswith("val/") for _, key in expected) == (
+        cfg["trainer"].get("limit_val_batches") != 0
+    )
+    assert got.keys() == expected.keys(), sorted(set(got.keys()) ^ set(expected.keys()))
+    differing = {key: (expected[key], got[key]) for key in expected if expected[key] != got[key]}
+    assert not differing, differing
+    a, b = torch.load(tmp_path / "straight.pt"), torch.load(tmp_path / "resumed.pt")
+    assert a.keys() == b.keys()
+    assert [name for name in a if not torch.equal(a[name], b[name])] == []
