@@ -156,8 +156,12 @@ class LightningLLMCLI(LightningCLI):
         self._model_flags = _model_flags(argv) if isinstance(argv, (list, tuple)) else set()
         # Before Lightning reads the checkpoint's hyper-parameters (a truncated file would end in the zip reader).
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and (problem := checkpoint_problem(ckpt_path)):
-            self.parser.error(f"--ckpt_path {ckpt_path}: {problem}")
+        self._checkpoint_hparams: set[str] | None = None
+        if ckpt_path:
+            checkpoint, problem = _read_checkpoint(ckpt_path)
+            if problem:
+                self.parser.error(f"--ckpt_path {ckpt_path}: {problem}")
+            self._checkpoint_hparams = set(checkpoint.get("hyper_parameters") or {})
 
     @override
     def before_instantiate_classes(self) -> None:
@@ -173,10 +177,14 @@ class LightningLLMCLI(LightningCLI):
         else:
             conflicts = []
             theirs, ours = restored.get("init_args") or Namespace(), given.get("init_args") or Namespace()
+            stored = self._checkpoint_hparams or set()
             for key in sorted(set(vars(ours)) | set(vars(theirs))):
                 if ours.get(key) == theirs.get(key):
                     continue
-                if key in self.resume_overridable:
+                if key in self.resume_overridable or key not in stored:
+                    # the export's place; or an argument the checkpoint does not hold (a module's
+                    # save_hyperparameters(ignore=...): an environment, reward functions), which Lightning's
+                    # restore resets to its default
                     theirs[key] = ours.get(key)
                 elif key in self._model_flags:
                     conflicts.append((f"--model.init_args.{key}", theirs.get(key), ours.get(key)))
@@ -204,24 +212,29 @@ def _instantiation_message(error: BaseException) -> str:
 def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
     """What makes ``path`` unusable as ``--ckpt_path`` (missing, unreadable, truncated, not a Lightning checkpoint,
     or one without a model state), or ``None``. Loads the file with ``torch.load(weights_only=True)`` on CPU."""
+    return _read_checkpoint(path)[1]
+
+
+def _read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], None] | tuple[None, str]:
+    """The checkpoint at ``path`` and no problem, or no checkpoint and what is wrong (see :func:`checkpoint_problem`)."""
     import torch
 
     if not os.path.exists(path):
-        return "no such file"
+        return None, "no such file"
     if os.path.isdir(path):
-        return "is a directory, not a checkpoint file"
+        return None, "is a directory, not a checkpoint file"
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # the zip reader's and unpickler's errors
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return f"not a readable checkpoint (truncated or another format): {type(error).__name__}: {reason}"
+        return None, f"not a readable checkpoint (truncated or another format): {type(error).__name__}: {reason}"
     if (
         not isinstance(checkpoint, dict)
         or "state_dict" not in checkpoint
         or "pytorch-lightning_version" not in checkpoint
     ):
-        return "not a Lightning checkpoint (no 'state_dict' and 'pytorch-lightning_version' entries)"
-    return None
+        return None, "not a Lightning checkpoint (no 'state_dict' and 'pytorch-lightning_version' entries)"
+    return checkpoint, None
 
 
 def _resume_command(argv: list[str]) -> str:
