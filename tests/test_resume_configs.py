@@ -173,18 +173,32 @@ NOT_EXACT = {
 )
 def test_interrupted_and_resumed_equals_the_straight_run(config, tmp_path, capsys, tiny_backbone):
     signum = (signal.SIGINT, signal.SIGTERM)[CONFIGS.index(config) % 2]  # both paths, over the configs
+    _check(config, tmp_path, capsys, signum, STOP_AFTER)
+
+
+def test_a_signal_before_a_validation_saves_after_it(tmp_path, capsys, tiny_backbone):
+    """Acted on at a batch after which a validation is due: the checkpoint is written at that validation's end,
+    so it holds what the validation changed (here EarlyStopping's best score; one written at the batch end would
+    resume without it), and the resume is exact."""
+    checkpoint = _check(CONFIGS[[c.stem for c in CONFIGS].index("needle_tiny")], tmp_path, capsys, signal.SIGTERM, 2)
+    (stopping,) = [v for k, v in torch.load(checkpoint, weights_only=False)["callbacks"].items() if "EarlyStop" in k]
+    assert torch.isfinite(torch.as_tensor(stopping["best_score"])), stopping
+
+
+def _check(config: Path, tmp_path: Path, capsys: Any, signum: int, stop_after: int) -> str:
+    """Straight vs interrupted after ``stop_after`` batches and resumed; returns the interrupt's checkpoint."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight_yaml, cfg = _shrunk(config, straight)
     resumed_yaml, _ = _shrunk(config, resumed)
     _fit(straight_yaml, callbacks=(FinalWeights(tmp_path / "straight.pt"),))
     with pytest.raises(SystemExit) as stopped:
-        _fit(resumed_yaml, callbacks=(SignalAt(STOP_AFTER - 1, signum), FinalWeights(tmp_path / "lost.pt")))
+        _fit(resumed_yaml, callbacks=(SignalAt(stop_after - 1, signum), FinalWeights(tmp_path / "lost.pt")))
     assert stopped.value.code == 128 + signum
     assert not (tmp_path / "lost.pt").exists()  # the interrupted fit did not finish
     line = capsys.readouterr().err.strip().splitlines()[-1]
     checkpoint = line.rsplit("--ckpt_path ", 1)[1]
     updates = _updates_per_batch(cfg["model"])
-    assert torch.load(checkpoint, weights_only=False)["global_step"] == STOP_AFTER * updates, line
+    assert torch.load(checkpoint, weights_only=False)["global_step"] == stop_after * updates, line
     _fit(resumed_yaml, "--ckpt_path", checkpoint, callbacks=(FinalWeights(tmp_path / "resumed.pt"),))
     expected, got = _logged(straight), _logged(resumed)
     steps = {step for step, _ in expected}
@@ -197,3 +211,4 @@ def test_interrupted_and_resumed_equals_the_straight_run(config, tmp_path, capsy
     a, b = torch.load(tmp_path / "straight.pt"), torch.load(tmp_path / "resumed.pt")
     assert a.keys() == b.keys()
     assert [name for name in a if not torch.equal(a[name], b[name])] == []
+    return checkpoint
