@@ -227,7 +227,10 @@ def _read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], None
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # the zip reader's and unpickler's errors
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return None, f"not a readable checkpoint (truncated or another format): {type(error).__name__}: {reason}"
+        return (
+            None,
+            f"not a readable checkpoint (truncated or another format): {type(error).__name__}: {reason}",
+        )
     if (
         not isinstance(checkpoint, dict)
         or "state_dict" not in checkpoint

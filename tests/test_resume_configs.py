@@ -27,7 +27,8 @@ from lightning_llm.cli import LightningLLMCLI
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 BATCHES = 4  # training batches of a run; validation after batches 2 and 4
-STOP_AFTER = 3  # the signal arrives at the end of batch 2, is acted on at the end of batch 3: between validations
+# The signal arrives at the end of batch 2 and is acted on at the end of batch 3: between two validations.
+STOP_AFTER = 3
 #: Callback arguments made small (applied where a callback has them).
 CALLBACK_SIZES = {
     "steps": 2, "batch_size": 4, "num_examples": 4, "num_sentences": 8, "distill_steps": 2, "calibration": 1,
@@ -166,7 +167,9 @@ NOT_EXACT = {
 @pytest.mark.parametrize(
     "config",
     [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=NOT_EXACT[c.stem])) if c.stem in NOT_EXACT else c
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=NOT_EXACT[c.stem]))
+        if c.stem in NOT_EXACT
+        else c
         for c in CONFIGS
     ],
     ids=lambda p: p.stem,
@@ -180,8 +183,12 @@ def test_a_signal_before_a_validation_saves_after_it(tmp_path, capsys, tiny_back
     """Acted on at a batch after which a validation is due: the checkpoint is written at that validation's end,
     so it holds what the validation changed (here EarlyStopping's best score; one written at the batch end would
     resume without it), and the resume is exact."""
-    checkpoint = _check(CONFIGS[[c.stem for c in CONFIGS].index("needle_tiny")], tmp_path, capsys, signal.SIGTERM, 2)
-    (stopping,) = [v for k, v in torch.load(checkpoint, weights_only=False)["callbacks"].items() if "EarlyStop" in k]
+    checkpoint = _check(
+        CONFIGS[[c.stem for c in CONFIGS].index("needle_tiny")], tmp_path, capsys, signal.SIGTERM, 2
+    )
+    (stopping,) = [
+        v for k, v in torch.load(checkpoint, weights_only=False)["callbacks"].items() if "EarlyStop" in k
+    ]
     assert torch.isfinite(torch.as_tensor(stopping["best_score"])), stopping
 
 

@@ -180,7 +180,8 @@ class PCFGDataModule(L.LightningDataModule):
             sampler=epoch_sampler(self._train, self.trainer, shuffle=True, seed=self.hparams.seed),
             collate_fn=self._collate,
             num_workers=self.hparams.num_workers,
-            generator=torch.Generator().manual_seed(self.hparams.seed),  # its draws leave the global RNG alone
+            # the loader draws its base seeds from this generator, not from the global RNG
+            generator=torch.Generator().manual_seed(self.hparams.seed),
         )
 
     def val_dataloader(self) -> DataLoader:

@@ -505,7 +505,8 @@ class ExampleDataModule(L.LightningDataModule, ABC):
             sampler=epoch_sampler(data, self.trainer, shuffle=self.hparams.shuffle, seed=self.hparams.seed),
             collate_fn=self._collator(),
             num_workers=self.hparams.num_workers,
-            generator=torch.Generator().manual_seed(self.hparams.seed),  # its draws leave the global RNG alone
+            # the loader draws its base seeds from this generator, not from the global RNG
+            generator=torch.Generator().manual_seed(self.hparams.seed),
         )
 
     def val_dataloader(self) -> DataLoader:
