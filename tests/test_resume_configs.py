@@ -156,24 +156,8 @@ def _logged(root: Path) -> dict[tuple[int, str], float]:
     return out
 
 
-#: Configs whose resume is not yet exact (see the reason).
-NOT_EXACT = {
-    "sae_fast": "the first SAE step after the resume differs (train/loss 31.7297 vs 31.7308 at step 3, weights "
-    "differ): the activation stream or the SAE's state is not restored exactly; not yet found",
-}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "config",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=NOT_EXACT[c.stem]))
-        if c.stem in NOT_EXACT
-        else c
-        for c in CONFIGS
-    ],
-    ids=lambda p: p.stem,
-)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_interrupted_and_resumed_equals_the_straight_run(config, tmp_path, capsys, tiny_backbone):
     signum = (signal.SIGINT, signal.SIGTERM)[CONFIGS.index(config) % 2]  # both paths, over the configs
     _check(config, tmp_path, capsys, signum, STOP_AFTER)
