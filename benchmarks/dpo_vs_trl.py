@@ -110,7 +110,7 @@ def _run_ours(args: argparse.Namespace, clock: StepClock) -> dict[str, Any]:
 
 def _token_check(dm: Any, rows: Any, max_length: int, n: int) -> dict[str, Any]:
     """TRL's tokenised rows vs the DataModule's items: identical input sequences? Which tokens does each score?"""
-    from lightning_llm.datamodules.sources import IGNORE_INDEX
+    from lightning_llm.types import IGNORE_INDEX
 
     counts = {"sides": 0, "sequences_identical": 0, "scored_identical": 0, "trl_scores_more": 0}
     sequences = []

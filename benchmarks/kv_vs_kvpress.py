@@ -3,8 +3,8 @@
 One process, one model object, one set of prompts, one evaluation loop; only the cache logic differs:
 
 * **model**, per training seed (``--seeds``, >= 3 so accuracies have a spread): the embedded tiny backbone taught
-  single-needle retrieval by ``studies.eviction.train_retrieval_backbone`` (40 haystack words, 1-digit values,
-  steps of 32 at lr 3e-3 until 98% full-cache accuracy), then frozen, and an ``IndexMemModule``
+  single-needle retrieval by ``evaluation.retrieval_backbone.train_retrieval_backbone`` (40 haystack words,
+  1-digit values, steps of 32 at lr 3e-3 until 98% full-cache accuracy), then frozen, and an ``IndexMemModule``
   (``budget_ratio=[0.1, 0.25, 0.5]``, 2 sinks, window 2, lr 3e-3) trained on it for ``--indexmem-steps`` steps
   (``--cache DIR`` keeps both per seed). Every generation of both sides runs through ``IndexMemModule.model``.
 * **data**: ``--examples`` needle prompts (``--eval-seed``), chat-templated (73-88 tokens, ending with the
@@ -30,7 +30,7 @@ the memory state are state kvpress does not have: counted in the bytes rows. Tim
 of one pass (single thread, tiny model: per-forward Python overhead dominates); passes alternate setting order.
 
 **SmolLM2 mode** (``--model smollm2-135m``, results ``kv_vs_kvpress_smollm2.json``): nothing is trained. Per
-seed (a different draw of prompts, >= 3 seeds) ``--examples`` prose needle prompts of ``studies.kv_smollm2``
+seed (a different draw of prompts, >= 3 seeds) ``--examples`` prose needle prompts of ``datamodules.needle``
 (``NeedleTask(filler="prose")``, ``--words 380``: ~474 tokens with the chat template and its system prompt, needles
 at depths 0.1/0.3/0.5/0.7/0.9, the same number at each), one prompt at a time (no padding), greedy, at most
 ``--max-new-tokens`` 11, scored by ``first_number_score`` (the first number of the answer is the value).
@@ -90,8 +90,8 @@ def _models(args: argparse.Namespace, seed: int, root: Path) -> Any:
     import lightning as L
 
     from lightning_llm.datamodules.needle import NeedleDataModule
+    from lightning_llm.evaluation.retrieval_backbone import train_retrieval_backbone
     from lightning_llm.modules import IndexMemModule
-    from lightning_llm.studies.eviction import train_retrieval_backbone
     from lightning_llm.trainer import quiet_trainer
 
     backbone, saved = root / f"seed{seed}" / "needle_tiny", root / f"seed{seed}" / "indexmem"
@@ -343,7 +343,7 @@ def _evaluate(
 def _run_seed(args: argparse.Namespace, seed: int, root: Path) -> dict[str, Any]:
     from lightning_llm.datamodules.sources import render_prompt
     from lightning_llm.datamodules.tasks import get_task
-    from lightning_llm.studies.eviction import accuracy_under_budget
+    from lightning_llm.eviction import accuracy_under_budget
 
     module = _models(args, seed, root)
     model, tokenizer = module.model, module.tokenizer
@@ -492,6 +492,12 @@ def _smol_seed(args: argparse.Namespace, model: Any, tokenizer: Any, seed: int) 
     from kvpress import ExpectedAttentionPress, KnormPress, SnapKVPress, StreamingLLMPress
     from kvpress.utils import compute_n_kept
 
+    from lightning_llm.datamodules.needle import (
+        encode_chat_prompts,
+        first_number_score,
+        nearest_depth,
+        needle_examples,
+    )
     from lightning_llm.eviction import (
         H2O,
         FullCache,
@@ -499,12 +505,6 @@ def _smol_seed(args: argparse.Namespace, model: Any, tokenizer: Any, seed: int) 
         StreamingLLM,
         generate_with_budget,
         record_prefill,
-    )
-    from lightning_llm.studies.kv_smollm2 import (
-        encode_chat_prompts,
-        first_number_score,
-        nearest_depth,
-        needle_examples,
     )
 
     presses = {
@@ -612,7 +612,8 @@ def _smol_key(args: argparse.Namespace) -> dict[str, Any]:
 def _smol_main(args: argparse.Namespace) -> int:
     """The SmolLM2 mode: no training; per seed a fresh draw of prose needle prompts; rows per ratio."""
     from lightning_llm.backbones import load_backbone
-    from lightning_llm.studies.kv_smollm2 import DEPTHS, wilson_interval
+    from lightning_llm.datamodules.needle import DEPTHS
+    from lightning_llm.metrics.intervals import wilson_interval
 
     name = f"{NAME}_smollm2"
     start = time.process_time()

@@ -61,7 +61,7 @@ def _cell(text: str) -> str:
 def load_rows(results_dir: Path) -> list[dict[str, Any]]:
     """All summary rows of all benchmark result files, sorted by file name; raises on a file off the schema.
 
-    A file without a ``schema`` key is a study's results (``lightning_llm.studies``, ``benchmarks/grpo_smollm2.py``):
+    A file without a ``schema`` key is a study's results (``experiments/``, ``benchmarks/grpo_smollm2.py``):
     no ours-vs-peer rows, presented in the README's method lines instead, and skipped here."""
     rows: list[dict[str, Any]] = []
     for path in sorted(results_dir.glob("*.json")):

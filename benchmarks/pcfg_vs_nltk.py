@@ -23,7 +23,7 @@ import sys
 
 from _harness import digest, finish, interleave, parser, result, row, set_threads, stat
 
-from lightning_llm.metrics.pcfg import PCFG
+from lightning_llm.text.pcfg import PCFG
 
 NAME = "pcfg_vs_nltk"
 

@@ -6,7 +6,7 @@ Three parts, the same data and model for every method:
    CPU time of ``quantize_matrix`` at 2 bits for RTN-2 (MSE-best uniform grid per row), QTIP 1MAD, QTIP 3INST and
    Proteus MUL-BAL (L = ``--L``, V = 1, tail-biting), and bitsandbytes NF4 (4 bits, absmax per 64). References:
    2-bit Lloyd-Max 0.1175, distortion-rate bound 0.0625. Paired by seed.
-2. **Perplexity of a trained tiny model** (``--parts model``): ``studies.quantization.train_arithmetic_model`` (800
+2. **Perplexity of a trained tiny model** (``--parts model``): ``evaluation.quantizers.train_arithmetic_model`` (800
    steps of two-digit ``+ - *``) and ``compare_quantizers`` over ``study.METHODS``: held-out response-token
    perplexity (200 conversations), KL to fp32, encoding time and relative weight error over the 28 decoder
    linears. Encoding at L = 16 takes ~20 CPU-minutes, so this part runs once (one seed: no spread, so its
@@ -73,7 +73,7 @@ def _weight_error(original: torch.nn.Module, quantized: torch.nn.Module) -> floa
 
 
 def _model(steps: int, L: int, seed: int) -> dict[str, Any]:
-    from lightning_llm.studies.quantization import METHODS, compare_quantizers, train_arithmetic_model
+    from lightning_llm.evaluation.quantizers import METHODS, compare_quantizers, train_arithmetic_model
 
     model, data = train_arithmetic_model(steps, seed=seed)
     first = next(iter(data.train_dataloader()))

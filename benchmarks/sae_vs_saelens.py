@@ -6,7 +6,7 @@ Both libraries train the same SAE on the same activations in one process, side b
   block ``--layer`` (HF ``hidden_states[layer + 1]``), every token of chat-templated dialogues: ``--data
   arithmetic`` (default) harvested by ``ActivationDataModule(mode="sequential")`` (exactly ``steps x batch_size``
   training tokens through its seeded mixing buffer); ``--data chat`` the shipped multi-turn chat corpus, one
-  conversation per sequence (:func:`lightning_llm.studies.sae_fast.harvest_corpus`, its last
+  conversation per sequence (:func:`lightning_llm.datamodules.activation_harvest.harvest_corpus`, its last
   ``--heldout-dialogues`` conversations held out), the first ``steps x batch_size`` training tokens shuffled
   with ``--seed``. One epoch is materialised once; a plain ``DataLoader`` over it feeds ours
   and SAELens's ``SAETrainer`` iterates the same loader, so both train on identical batches in identical order
@@ -93,7 +93,7 @@ def harvest(args: argparse.Namespace) -> dict[str, torch.Tensor]:
 def _harvest_chat(args: argparse.Namespace, needed: int) -> dict[str, torch.Tensor]:
     """The chat corpus's conversations, one per sequence; the first ``needed`` training tokens, shuffled."""
     from lightning_llm.backbones import load_backbone
-    from lightning_llm.studies.sae_fast import harvest_corpus
+    from lightning_llm.datamodules.activation_harvest import harvest_corpus
 
     model, tokenizer = load_backbone(args.model)
     model.eval().requires_grad_(False)

@@ -15,7 +15,7 @@ Same model (``--model``, default the embedded tiny Llama; fp32, CPU, eval mode),
   identical. Also the overhead over the unsteered call (paired per round).
 
 Concepts: ``--concept fire`` (default) is the synthetic pair set above on the tiny model. A real concept of
-:mod:`lightning_llm.evaluation.steering_study` (``ocean``, ``food``, ``music``; e.g. ``--model smollm2-135m --concept
+:mod:`lightning_llm.evaluation.steering_concepts` (``ocean``, ``food``, ``music``; e.g. ``--model smollm2-135m --concept
 ocean --layer 15``) takes that study's contrast pairs (``contrast_pairs(concept, pairs, seed)``), steers its
 neutral chat prompts (``NEUTRAL_PROMPTS``) and also compares the *effect*: each library's own trained vector
 applied by that library, the concept rate of the answers (the study's keyword detector) and their tokens.
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--concept",
         default="fire",
-        help="fire (synthetic, tiny) or a concept of lightning_llm.evaluation.steering_study",
+        help="fire (synthetic, tiny) or a concept of lightning_llm.evaluation.steering_concepts",
     )
     p.add_argument("--fresh", action="store_true", help="drop the other settings' rows from the results file")
     args = p.parse_args(argv)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     tok.padding_side = "right"  # the same padding on both sides
     real = args.concept != "fire"
     if real:
-        from lightning_llm.evaluation import steering_study as study
+        from lightning_llm.evaluation import steering_concepts as study
 
         if args.concept not in study.CONCEPTS:
             p.error(f"--concept must be fire or one of {sorted(study.CONCEPTS)}, got {args.concept!r}")

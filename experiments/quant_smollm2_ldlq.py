@@ -2,9 +2,10 @@
 
 One Hadamard seed, no distillation, the trellis at ``--L`` (8 by default, to fit a few CPU-minutes). Calibration:
 the study's first 4 passages as windows of 256 tokens (one batch) for the Hessians; held-out perplexity on the
-first ``--max-windows`` windows of 512 of the other passages, scored as ``lightning_llm.studies.quant_smollm2``
-scores (dense fp32 matmul with the dequantised weights). Records encode and scoring CPU seconds (one thread) and
-the per-layer relative proxy errors of LDLQ. An existing ``--out`` is never replaced.
+first ``--max-windows`` windows of 512 of the other passages, scored as ``experiments/quant_smollm2.py`` scores
+(``lightning_llm.quantization.heldout.score``: dense fp32 matmul with the dequantised weights). Records encode
+and scoring CPU seconds (one thread) and the per-layer relative proxy errors of LDLQ. An existing ``--out`` is
+never replaced.
 
     python experiments/quant_smollm2_ldlq.py --out benchmarks/results/quant_smollm2_ldlq.json
 """
@@ -13,37 +14,37 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import time
 from pathlib import Path
 
 import torch
+from _results import refuse_existing, write_results
 
 from lightning_llm.backbones import load_backbone
 from lightning_llm.quantization import DEFAULT_DAMP, quantize_model
-from lightning_llm.studies.quant_smollm2 import densify, held_out_windows, load_passages, score
+from lightning_llm.quantization.heldout import densify, held_out_windows, load_passages, score
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--L", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-windows", type=int, default=12)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/quant_smollm2_ldlq.json"))
-    args = parser.parse_args()
-    if args.out.exists():
-        raise SystemExit(f"{args.out} exists; not replacing it")
+    args = parser.parse_args(argv)
+    refuse_existing(args.out, hint="not replacing it")
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    fp32, tokenizer = load_backbone("smollm2-135m")
+    fp32, tokenizer = load_backbone(args.model)
     fp32 = fp32.float().eval()
     passages = load_passages()
     calib = held_out_windows(tokenizer, passages[:4], 256)
     windows = held_out_windows(tokenizer, passages[4:], 512)
     all_windows, windows = windows.shape[0], windows[: args.max_windows]
     result = {
-        "model": "smollm2-135m",
+        "model": args.model,
         "settings": {
             "bits": 2,
             "L": args.L,
@@ -58,7 +59,7 @@ def main() -> None:
             "damp": DEFAULT_DAMP,
             "distillation": "none",
             "torch_threads": 1,
-            "scoring": "dense fp32 matmul with the dequantised weights (studies.quant_smollm2.score)",
+            "scoring": "dense fp32 matmul with the dequantised weights (quantization.heldout.score)",
             "quantised": "every nn.Linear of the 30 decoder layers; lm_head, embeddings, norms fp32",
         },
         "base_weights": "SmolLM2-135M-Instruct converted from the Q4_1 GGUF, dequantised to fp32",
@@ -97,8 +98,7 @@ def main() -> None:
     result["budget_cpu_s"] = sum(
         r.get("encode_cpu_s", 0) + r["score_cpu_s"] for r in result["methods"].values()
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_results(args.out, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,10 @@ from torch.utils.checkpoint import checkpoint
 from lightning_llm.kernels import entropy_dynamics_reference, fused_linear_logprobs
 from lightning_llm.kernels.fused_linear_logprobs import DEFAULT_CHUNK_BYTES
 from lightning_llm.lora import LoRAConfig, apply_lora, lora_layers, merge_lora, save_adapter
+from lightning_llm.types import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-IGNORE_INDEX = -100
 
 
 #: Config attributes through which a model rescales or caps its logits after the head (Gemma 2, Cohere...).

@@ -6,7 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Doc", "Example"]
+__all__ = ["IGNORE_INDEX", "Doc", "Example"]
+
+#: Label of a token that is neither trained on nor scored (the ``ignore_index`` default of PyTorch's and Hugging
+#: Face's cross-entropy): prompt tokens of SFT, padding, a given bos.
+IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,22 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> None:
         os.environ["LIGHTNING_LLM_HOME"] = str(tmp_path_factory.mktemp("lightning_llm_home"))
 
 
+def _pretrained_directory(home: str, module, build) -> str:
+    """``build()`` run against the shared pretrained cache, then linked (with the downloads) into ``home``."""
+    from pathlib import Path
+
+    os.environ["LIGHTNING_LLM_HOME"] = _PRETRAINED_HOME
+    try:
+        directory = build()
+    finally:
+        os.environ["LIGHTNING_LLM_HOME"] = home
+    for name in (module.CACHE_KEY, "downloads"):
+        link, target = Path(home) / name, Path(_PRETRAINED_HOME) / name
+        if Path(home).resolve() != Path(_PRETRAINED_HOME).resolve() and not link.exists():
+            link.symlink_to(target, target_is_directory=True)
+    return str(directory)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(_isolated_home) -> str:
     """The converted SmolLM2-135M-Instruct directory, fetched once into the shared pretrained cache.
@@ -50,21 +66,27 @@ def smollm2_dir(_isolated_home) -> str:
     The session's isolated home gets links to it (and to the downloaded wheel), so ``load_backbone("smollm2-135m")``
     works inside tests without a second download; concurrent workers are serialised by the cache's file lock.
     """
-    from pathlib import Path
-
     from lightning_llm.backbones import smollm2
 
     home = os.environ["LIGHTNING_LLM_HOME"]
-    os.environ["LIGHTNING_LLM_HOME"] = _PRETRAINED_HOME
-    try:
-        directory = smollm2.smollm2_directory(prefer_hub_cache=False)
-    finally:
-        os.environ["LIGHTNING_LLM_HOME"] = home
-    for name in (smollm2.CACHE_KEY, "downloads"):
-        link, target = Path(home) / name, Path(_PRETRAINED_HOME) / name
-        if Path(home).resolve() != Path(_PRETRAINED_HOME).resolve() and not link.exists():
-            link.symlink_to(target, target_is_directory=True)
-    return str(directory)
+    return _pretrained_directory(home, smollm2, lambda: smollm2.smollm2_directory(prefer_hub_cache=False))
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(_isolated_home) -> str:
+    """The converted Gemma 3 270M directory, fetched once into the shared pretrained cache (as ``smollm2_dir``)."""
+    from lightning_llm.backbones import gemma3
+
+    return _pretrained_directory(os.environ["LIGHTNING_LLM_HOME"], gemma3, gemma3.gemma3_directory)
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_dir):
+    """(model, tokenizer) of Gemma 3 270M in fp32, loaded once per session. Do not mutate the model."""
+    from lightning_llm.backbones import load_backbone
+
+    model, tokenizer = load_backbone(gemma3_dir)
+    return model.eval(), tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.pretrained
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 SMOLLM2 = "smollm2-135m"
+GEMMA3 = "gemma3-270m"
 NUM_LAYERS = 30  # SmolLM2-135M's decoder layers
 
 #: Shrunk sizes for every config: one step of tiny batches, short generations.
@@ -40,13 +41,14 @@ def _fit(
     name: str,
     tmp_path: Path,
     *,
+    backbone: str = SMOLLM2,
     model: dict[str, Any] | None = None,
     data: dict[str, Any] | None = None,
     callbacks: dict[str, dict[str, Any]] | None = None,
     extra_callbacks: Sequence[dict[str, Any]] = (),
     edit: Callable[[dict[str, Any]], None] | None = None,
 ):
-    """Run ``configs/{name}.yaml`` on SmolLM2 through the CLI (one fast-dev-run step); returns the CLI object.
+    """Run ``configs/{name}.yaml`` on ``backbone`` through the CLI (one fast-dev-run step); returns the CLI object.
 
     ``model`` / ``data`` / ``callbacks`` (by class name) update init_args after the shared shrinking; ``edit``
     changes the loaded config in place last."""
@@ -58,8 +60,8 @@ def _fit(
     model_args, data_args = config["model"]["init_args"], config["data"]["init_args"]
     for args in (model_args, data_args):  # the module's backbone, and an activation DataModule's
         if "model" in args:
-            args["model"] = SMOLLM2
-    assert model_args.get("model") == SMOLLM2 or data_args.get("model") == SMOLLM2
+            args["model"] = backbone
+    assert model_args.get("model") == backbone or data_args.get("model") == backbone
     data_args.update({k: v for k, v in DATA.items() if k in data_args})  # only the sizes a config sets
     model_args.update({k: v for k, v in MODEL.items() if k in model_args})
     data_args.update(data or {})
@@ -359,3 +361,67 @@ def test_dualgraph_callable_backend_over_causal_lm_generate(smollm2, smollm2_mod
     queries = LLMPlanner(backend).plan(KnowledgeGraph(), outline, set(), 0)
     assert queries and all(isinstance(q, str) for q in queries)
     assert not model.training
+
+
+# ------------------------------------------------------------------------------- the second architecture
+
+
+@pytest.fixture
+def gemma3_run_dir(tmp_path, monkeypatch, gemma3_dir):
+    """As ``run_dir``, with Gemma 3 270M in the cache."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["lightning-llm"])
+    return tmp_path
+
+
+def test_gemma3_grpo_with_warmup_clip_b_and_entropy_monitor(gemma3_run_dir):
+    """GRPO on Gemma 3: shared-prefix passes on its hybrid sliding/global mask, the system text folded into the
+    first user turn, rollouts ending at ``<end_of_turn>``, the fused head over 262k tokens."""
+    cli = _fit(
+        "grpo_arithmetic",
+        gemma3_run_dir,
+        backbone=GEMMA3,
+        model={"ppo_epochs": 2, "group_size": 4, "rewards": ["task", "format"]},
+        data={"system_prompt": "task"},
+        extra_callbacks=[{"class_path": "lightning_llm.callbacks.EntropyDynamicsMonitor"}],
+    )
+    metrics = cli.trainer.callback_metrics
+    assert {"train/Clip_B/clipped_frac", "train/entropy_delta_measured"} <= set(metrics)
+    assert cli.model.hparams.model == GEMMA3 and cli.trainer.global_step == 2
+    assert cli.model.stop_token_ids == [1, 106]  # <eos>, <end_of_turn>
+    _check_export(cli, gemma3_run_dir / "runs/grpo_arithmetic/model")
+
+
+def test_gemma3_sft_with_lora(gemma3_run_dir):
+    cli = _fit(
+        "sft_tiny",
+        gemma3_run_dir,
+        backbone=GEMMA3,
+        model={"lora": {"r": 2, "alpha": 4.0, "target_modules": ["q_proj", "v_proj"]}},
+    )
+    assert cli.trainer.global_step == 1
+    _check_export(cli, gemma3_run_dir / "runs/sft_tiny/model")
+
+
+def test_gemma3_dpo(gemma3_run_dir):
+    cli = _fit("dpo_honeypot", gemma3_run_dir, backbone=GEMMA3, data={"max_length": 64})
+    assert cli.trainer.global_step == 1
+
+
+def test_gemma3_sae_on_harvested_activations(gemma3_run_dir):
+    cli = _fit(
+        "sae_fast",
+        gemma3_run_dir,
+        backbone=GEMMA3,
+        data={
+            "layer": 9,
+            "max_length": 64,
+            "num_tokens": 128,
+            "batch_size": 64,
+            "harvest_batch_size": 4,
+            "buffer_size": 128,
+        },
+        model={"init_sample_tokens": 64, "expansion": 2},
+    )
+    assert cli.model.hparams.d_in == 640  # Gemma 3 270M's hidden size
+    assert cli.trainer.global_step == 1

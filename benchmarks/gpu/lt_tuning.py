@@ -1,6 +1,6 @@
 """LT-Tuning vs Coconut vs explicit CoT on SmolLM2-135M-Instruct at GPU scale: one prepared run.
 
-The CPU study (``lightning_llm.studies.latent_thoughts``, 160 items, 30 steps per arm) could not exercise
+The CPU study (``experiments/latent_thoughts.py``, 160 items, 30 steps per arm) could not exercise
 LT-Tuning: after one epoch of CoT the model was confident on almost every token, so the curriculum inserted
 almost no ``<thinking>``. This script runs the same three arms on a harder, longer task with the paper's full
 curriculum:
@@ -16,10 +16,10 @@ Run (on a CUDA machine with ``smollm2-135m`` fetched, ``python -m lightning_llm.
     python benchmarks/gpu/lt_tuning.py --out $OUT/lt_tuning_gpu.json
 
 Expected output: one line per arm and seed (accuracy, explicit tokens, latent steps, latent cosine and effective
-rank, train seconds) and the JSON of ``lightning_llm.studies.latent_thoughts`` (same schema: ``runs``,
+rank, train seconds) and the JSON of ``experiments/latent_thoughts.py`` (same schema: ``runs``,
 ``summary_mean_over_seeds``, ``summary_range_over_seeds``). Sized for a few minutes per seed on one H100
 (about 160 optimiser steps per arm); not yet run. Seeds run in separate calls combine with
-``python -m lightning_llm.studies.latent_thoughts --merge a.json b.json --out both.json``. The claim holds if
+``python experiments/latent_thoughts.py --merge a.json b.json --out both.json``. The claim holds if
 LT-Tuning inserts latents (``latent_steps`` > 0), its latent cosine is below Coconut's, and its accuracy is at
 least Coconut's.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_llm.studies.latent_thoughts import ARMS, evaluate, summarize, train_arm
+from lightning_llm.evaluation.latent_thoughts import ARMS, evaluate, summarize, train_arm
 from lightning_llm.text import finite_json
 
 SETTINGS = {

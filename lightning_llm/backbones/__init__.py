@@ -7,6 +7,8 @@ alias                 parameters  what it is for
 ``"tiny-moe"``        ~1M         its sparse-MoE sibling (4 layers x 8 experts, top-2): expert-pruning studies
 ``"smollm2-135m"``    135M        SmolLM2-135M-Instruct, a real pretrained chat model (Q4_1 weights dequantised),
                                   fetched from the package index once and converted; evidence on a real model
+``"gemma3-270m"``     268M        Gemma 3 270M base (Q4_K_M weights dequantised), the second real architecture:
+                                  262k vocabulary, 1 KV head, sliding-window + global layers, no system role
 ====================  ==========  =============================================================================
 
 Every module takes ``model: str`` and goes through :func:`load_backbone`; anything else is a local directory
@@ -17,6 +19,8 @@ lightning_llm.backbones fetch smollm2-135m`` (or ``lightning-llm fetch smollm2-1
 """
 
 from lightning_llm.backbones.cache import lightning_llm_home
+from lightning_llm.backbones.chat import apply_chat_template, fold_system_messages, keeps_system_messages
+from lightning_llm.backbones.gemma3 import GEMMA3
 from lightning_llm.backbones.loader import (
     BackboneNotFoundError,
     available_backbones,
@@ -33,6 +37,7 @@ from lightning_llm.backbones.tiny_moe import TINY_MOE, TinyMoERecipe, build_tiny
 from lightning_llm.backbones.utils import eval_mode, quiet_progress
 
 __all__ = [
+    "GEMMA3",
     "SMOLLM2",
     "TAG_TOKENS",
     "TINY",
@@ -40,11 +45,14 @@ __all__ = [
     "BackboneNotFoundError",
     "TinyMoERecipe",
     "TinyRecipe",
+    "apply_chat_template",
     "available_backbones",
     "build_tiny_moe",
     "end_of_turn_token_id",
     "eval_mode",
     "fetch",
+    "fold_system_messages",
+    "keeps_system_messages",
     "lightning_llm_home",
     "load_backbone",
     "load_model",

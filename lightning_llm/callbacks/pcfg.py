@@ -34,7 +34,7 @@ from lightning_llm.metrics.grammar import (
     model_next_token_logprobs,
     prefix_batches,
 )
-from lightning_llm.metrics.pcfg import PCFG
+from lightning_llm.text.pcfg import PCFG
 
 __all__ = ["GrammarKLMonitor", "LayerwiseProbe", "hidden_states", "probe_accuracy", "span_targets"]
 

@@ -6,7 +6,8 @@ truncated at ``max_length``, which is how the model sees text when it is deploye
 training*, concatenates dialogues into fixed-length blocks, so a token attends to the tail of unrelated
 dialogues and its activation is one the deployed model never produces. :func:`dialogue_rows` builds the rows of
 either mode from the same dialogues (validation always in the sequential format) and :func:`harvest` runs the
-backbone over them.
+backbone over them. :func:`harvest_corpus` does the same for the shipped chat corpus in memory, at an exact
+token count per mode (:func:`render_corpus` gives its conversations' token ids).
 
 Layer convention (as in :mod:`lightning_llm.callbacks.steering`): *layer* :math:`\ell` is the 0-based index into
 :func:`~lightning_llm.backbones.inspect.decoder_layers` and the activation is the **output of that decoder
@@ -30,15 +31,24 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
+from lightning_llm.backbones import apply_chat_template
 from lightning_llm.backbones.inspect import layer_output_reader
 from lightning_llm.datamodules.activation_store import ShardWriter, ValidationSet
+from lightning_llm.datamodules.chat_corpus import load_chat_corpus
 from lightning_llm.datamodules.chat_sft import ChatSFTDataModule
 from lightning_llm.datamodules.sources import pad_sequences
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["dialogue_rows", "harvest", "layer_activations", "special_token_ids"]
+__all__ = [
+    "dialogue_rows",
+    "harvest",
+    "harvest_corpus",
+    "layer_activations",
+    "render_corpus",
+    "special_token_ids",
+]
 
 
 def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -162,3 +172,66 @@ def harvest(
         token_ids = torch.zeros(0, dtype=torch.long)
     lengths = torch.tensor([len(row) for row in val_rows], dtype=torch.long)
     return ValidationSet(activations, torch.isin(token_ids, special), token_ids, lengths)
+
+
+def render_corpus(tokenizer: Any, max_length: int) -> list[Tensor]:
+    """Token ids of every corpus conversation in the chat template, cut at ``max_length``."""
+    rows = []
+    for item in load_chat_corpus():
+        text = apply_chat_template(tokenizer, item["messages"])
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_length]
+        rows.append(torch.tensor(ids, dtype=torch.long))
+    return rows
+
+
+def _training_rows(dialogues: list[Tensor], mode: str, num_tokens: int, block_size: int) -> list[Tensor]:
+    """The rows whose first ``num_tokens`` tokens are harvested: conversations, or blocks of their concatenation."""
+    if mode == "block":
+        stream = torch.cat(dialogues)
+        dialogues = list(stream[: len(stream) // block_size * block_size].split(block_size))
+    rows, used = [], 0
+    for row in dialogues:
+        rows.append(row)
+        used += len(row)
+        if used >= num_tokens:
+            return rows
+    raise ValueError(
+        f"{mode}: the training conversations hold {used} tokens, fewer than num_tokens={num_tokens}"
+    )
+
+
+def harvest_corpus(
+    model: Any, tokenizer: Any, *, layer: int, mode: str, num_tokens: int, num_val: int, max_length: int = 256,
+    block_size: int = 256, batch_size: int = 8,
+) -> dict[str, Any]:  # fmt: skip
+    """Training activations of ``mode`` (``train [num_tokens, d]``, ``train_special [num_tokens]``) and the held-out
+    conversations padded (``val``: ``input_ids``, ``attention_mask``, ``activations``, ``special_mask``)."""
+    dialogues = render_corpus(tokenizer, max_length)
+    if not 0 < num_val < len(dialogues):
+        raise ValueError(f"num_val must be in [1, {len(dialogues) - 1}], got {num_val}")
+    train_dialogues, val_dialogues = dialogues[:-num_val], dialogues[-num_val:]
+    special = torch.tensor(sorted(special_token_ids(tokenizer)))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def run(rows: list[Tensor]) -> tuple[Tensor, Tensor]:
+        parts = list(layer_activations(model, layer, rows, batch_size=batch_size, pad_id=pad))
+        return torch.cat([a for a, _ in parts]), torch.cat([t for _, t in parts])
+
+    acts, ids = run(_training_rows(train_dialogues, mode, num_tokens, block_size))
+    val_acts, _ = run(val_dialogues)
+    lengths = [len(row) for row in val_dialogues]
+    mask = pad_sequences([torch.ones_like(row) for row in val_dialogues], 0)
+    input_ids = pad_sequences(val_dialogues, pad)
+    padded = torch.zeros(*mask.shape, val_acts.shape[1])
+    padded[mask.bool()] = val_acts
+    return {
+        "train": acts[:num_tokens],
+        "train_special": torch.isin(ids[:num_tokens], special),
+        "val": {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "activations": padded,
+            "special_mask": torch.isin(input_ids, special) & mask.bool(),
+        },
+        "val_tokens": sum(lengths),
+    }

@@ -8,10 +8,10 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_llm.datamodules.sources import IGNORE_INDEX, ExampleDataModule, pad_sequences
-from lightning_llm.types import Example
+from lightning_llm.datamodules.sources import ExampleDataModule, pad_sequences
+from lightning_llm.types import IGNORE_INDEX, Example
 
-__all__ = ["IGNORE_INDEX", "ChatSFTDataModule"]
+__all__ = ["ChatSFTDataModule"]
 
 _PACKINGS = ("none", "block")
 

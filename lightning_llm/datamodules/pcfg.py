@@ -11,10 +11,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_llm.datamodules.chat_sft import IGNORE_INDEX
 from lightning_llm.datamodules.sources import epoch_sampler, pad_sequences
 from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
-from lightning_llm.metrics.pcfg import PCFG
+from lightning_llm.text.pcfg import PCFG
+from lightning_llm.types import IGNORE_INDEX
 
 __all__ = ["PCFGDataModule"]
 

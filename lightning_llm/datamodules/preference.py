@@ -15,9 +15,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_llm.datamodules.sources import IGNORE_INDEX, DataSourceError, ExampleDataModule, pad_sequences
+from lightning_llm.datamodules.sources import DataSourceError, ExampleDataModule, pad_sequences
 from lightning_llm.datamodules.tasks.honeypot import HoneypotTask
-from lightning_llm.types import Example
+from lightning_llm.types import IGNORE_INDEX, Example
 
 __all__ = ["HoneypotPreferenceDataModule", "PreferenceDataModule", "PreferencePair", "honeypot_pairs"]
 

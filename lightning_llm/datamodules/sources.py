@@ -23,11 +23,11 @@ from torch.utils.data.distributed import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
-from lightning_llm.backbones import stop_token_ids, turn_end_token_id
+from lightning_llm.backbones import apply_chat_template, stop_token_ids, turn_end_token_id
 from lightning_llm.datamodules.tasks import Task, get_task, split_train_val
 from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
 from lightning_llm.text import DataSourceError, PromptPrefix, prefix_messages, read_jsonl, read_text_records
-from lightning_llm.types import Example
+from lightning_llm.types import IGNORE_INDEX, Example
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -45,8 +45,6 @@ __all__ = [
 
 FIELDS = ("prompt", "completion", "answer")
 _MESSAGES = "messages"
-#: Label of positions that are not trained on (PyTorch's and Hugging Face's cross-entropy default).
-IGNORE_INDEX = -100
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
 
 
@@ -223,7 +221,7 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt
     """
     messages = prefix_messages(system_prompt)
     messages.append({"role": "user", "content": prompt})
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return apply_chat_template(tokenizer, messages, add_generation_prompt=True)
 
 
 class EpochSampler(DistributedSampler):
@@ -581,9 +579,7 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         prompts = [self._render_prompt(example.prompt) for example in examples]
         responses = []
         for example, prompt in zip(examples, prompts, strict=True):
-            full = tokenizer.apply_chat_template(
-                self._messages(example.prompt, example.completion), tokenize=False
-            )
+            full = apply_chat_template(tokenizer, self._messages(example.prompt, example.completion))
             if not full.startswith(prompt):
                 raise ValueError(
                     f"the chat template of {tokenizer.name_or_path!r} renders a conversation that does not "

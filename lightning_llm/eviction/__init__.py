@@ -1,5 +1,7 @@
-"""Eviction-aware inference (docs/methods.md §11): a budgeted KV cache, eviction policies, ``generate_with_budget``."""
+"""Eviction-aware inference (docs/methods.md §11): a budgeted KV cache, eviction policies, ``generate_with_budget``
+and ``accuracy_under_budget``."""
 
+from lightning_llm.eviction.accuracy import BudgetResult, accuracy_under_budget
 from lightning_llm.eviction.base import BudgetedCache, EvictionPolicy, FullCache, LayerStats
 from lightning_llm.eviction.generate import GenerationResult, Prefill, generate_with_budget, record_prefill
 from lightning_llm.eviction.h2o import H2O
@@ -11,6 +13,7 @@ from lightning_llm.kernels.budgeted_attention import memory_readout
 
 __all__ = [
     "H2O",
+    "BudgetResult",
     "BudgetedCache",
     "EvictionPolicy",
     "FullCache",
@@ -22,6 +25,7 @@ __all__ = [
     "Prefill",
     "SnapKV",
     "StreamingLLM",
+    "accuracy_under_budget",
     "generate_with_budget",
     "indexer_kl",
     "memory_readout",

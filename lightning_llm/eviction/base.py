@@ -27,8 +27,15 @@ model has one, as Qwen3 does) and the ``position_embeddings`` it is called with;
 ``softmax(q k^T * scaling)`` of those queries against the cached + new keys (GQA-aware, causal). This is
 O(new x cached) memory per layer (O(prompt^2) at prefill unless a policy asks only for its last queries via
 ``attention_queries``), which is fine for research-scale models. Supported: Llama-style decoders whose attention
-modules have ``q_proj``, ``head_dim``, ``scaling``, ``layer_idx`` and full rotary embeddings, all layers full
-attention (Llama, Mistral without sliding window, Qwen2/2.5, Qwen3).
+modules have ``q_proj``, ``head_dim``, ``scaling``, ``layer_idx`` and full rotary embeddings, with full-attention
+layers (Llama, Mistral without sliding window, Qwen2/2.5, Qwen3) and, in hybrid models, sliding-window layers
+(Gemma 2/3: ``layer_types`` naming ``sliding_attention`` layers and a ``sliding_window``).
+
+Hybrid models: a sliding-window layer already keeps a bounded cache, the last ``sliding_window - 1`` tokens, as
+transformers' own ``DynamicSlidingWindowLayer`` does (it is one); the policy scores and evicts only in the
+full-attention layers, which keep ``budget`` tokens each. ``stats()``, ``kept_positions`` and ``peak_bytes`` count
+both kinds: a sliding layer's ``evicted`` are the tokens that left its window. ``on_evict`` is called for the
+policy's evictions only (tokens leaving a window are outside that layer's attention by design, not evicted).
 
 Batches: every row and KV head keeps exactly ``budget`` slots (its own choice of which), so tensors stay
 rectangular. Left-padded batches: :meth:`BudgetedCache.padded_mask` is told which new tokens are padding before
@@ -51,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 __all__ = [
     "BudgetedCache",
@@ -61,6 +68,7 @@ __all__ = [
     "OnEvict",
     "check_model",
     "rotated_queries",
+    "sliding_layers",
 ]
 
 #: ``on_evict(layer_idx, keys, values)``: keys/values ``[B, Hkv, n_evicted, D]`` in original order.
@@ -179,6 +187,53 @@ class _BudgetedLayer(DynamicLayer):
         self.evicted_pads = 0
 
 
+class _SlidingLayer(DynamicSlidingWindowLayer):
+    """transformers' sliding-window layer with the accounting of :class:`_BudgetedLayer` (``seen``, ``kept``,
+    ``evicted``: tokens that left the window, ``peak_kept``, ``positions``)."""
+
+    is_croppable = False
+
+    def __init__(self, sliding_window: int) -> None:
+        super().__init__(sliding_window=sliding_window)
+        self.peak_kept = 0
+
+    @property
+    def seen(self) -> int:
+        return self.cumulative_length
+
+    @property
+    def kept(self) -> int:
+        return 0 if self.keys is None or not self.is_initialized else int(self.keys.shape[-2])
+
+    @property
+    def evicted(self) -> int:
+        return self.seen - self.kept
+
+    @property
+    def positions(self) -> Tensor | None:
+        if not self.is_initialized:
+            return None
+        b, h = self.keys.shape[:2]
+        return torch.arange(self.seen - self.kept, self.seen, device=self.keys.device).expand(b, h, -1)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a budgeted cache cannot be cropped (evicted tokens are gone)")
+
+    def reset(self) -> None:
+        super().reset()
+        self.cumulative_length = 0
+        self.peak_kept = 0
+
+
+def sliding_layers(model: torch.nn.Module) -> dict[int, int]:
+    """``{layer index: sliding window}`` of ``model``'s sliding-window layers (empty for all-full attention)."""
+    config = model.config
+    text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text_config, "layer_types", None) or []
+    window = getattr(text_config, "sliding_window", None)
+    return {i: int(window) for i, t in enumerate(layer_types) if t == "sliding_attention"}
+
+
 def check_model(model: torch.nn.Module, needs_attention: bool) -> dict[int, torch.nn.Module]:
     """Validate that ``model`` is a decoder the cache supports; return its attention modules by layer index."""
     config = getattr(model, "config", None)
@@ -186,10 +241,20 @@ def check_model(model: torch.nn.Module, needs_attention: bool) -> dict[int, torc
         raise ValueError("unsupported model: generate_with_budget needs a decoder-only transformers model")
     text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     layer_types = getattr(text_config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
+    other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if other:
         raise ValueError(
-            f"unsupported model ({config.model_type}): only all-full-attention decoders are supported, "
-            f"got layer types {sorted(set(layer_types))}"
+            f"unsupported model ({config.model_type}): only full-attention and sliding-window layers are "
+            f"supported, got layer types {other}"
+        )
+    if "sliding_attention" in layer_types and not getattr(text_config, "sliding_window", None):
+        raise ValueError(
+            f"unsupported model ({config.model_type}): sliding_attention layers without a sliding_window"
+        )
+    if layer_types and "full_attention" not in layer_types:
+        raise ValueError(
+            f"unsupported model ({config.model_type}): every layer is sliding-window, so no layer has a cache to "
+            "budget"
         )
     n_layers = text_config.num_hidden_layers
     attn = {
@@ -243,6 +308,7 @@ class BudgetedCache(DynamicCache):
         budget: int | None,
         num_layers: int,
         on_evict: OnEvict | None = None,
+        sliding_windows: dict[int, int] | None = None,
     ) -> None:
         if not isinstance(policy, EvictionPolicy):
             raise TypeError(f"policy must be an EvictionPolicy, got {type(policy).__name__}")
@@ -253,8 +319,16 @@ class BudgetedCache(DynamicCache):
                 raise ValueError(
                     f"budget ({budget}) must be >= sinks + window ({policy.sinks} + {policy.window}) and >= 1"
                 )
+        windows = dict(sliding_windows or {})
+        if any(not 0 <= i < num_layers for i in windows) or any(w < 1 for w in windows.values()):
+            raise ValueError(
+                f"sliding_windows {windows} must map layer indices < {num_layers} to windows >= 1"
+            )
+        if windows and len(windows) == num_layers:
+            raise ValueError("every layer is sliding-window: no layer has a cache to budget")
+        layers = [_SlidingLayer(windows[i]) if i in windows else _BudgetedLayer() for i in range(num_layers)]
         # Cache.__init__ (not DynamicCache's) with pre-built layers: present in transformers 5.2 and 5.25
-        super(DynamicCache, self).__init__(layers=[_BudgetedLayer() for _ in range(num_layers)])
+        super(DynamicCache, self).__init__(layers=layers)
         self.policy = policy
         self.budget = budget if policy.evicts else None
         self.on_evict = on_evict
@@ -299,6 +373,8 @@ class BudgetedCache(DynamicCache):
         """
         if new_is_pad.ndim != 2:
             raise ValueError(f"new_is_pad must be [batch, new tokens], got shape {tuple(new_is_pad.shape)}")
+        if any(isinstance(layer, _SlidingLayer) for layer in self.layers):
+            raise ValueError("left-padded batches are not supported with sliding-window layers")
         new_is_pad = new_is_pad.bool()
         b, q = new_is_pad.shape
         layer = self.layers[0]
@@ -378,6 +454,13 @@ class BudgetedCache(DynamicCache):
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         layer: _BudgetedLayer = self.layers[layer_idx]
         b, h, q, _ = key_states.shape
+        if isinstance(layer, _SlidingLayer):
+            if self.padded:
+                raise RuntimeError("left-padded batches are not supported with sliding-window layers")
+            self._pending.pop(layer_idx, None)
+            keys, values = layer.update(key_states, value_states)
+            self._account(layer_idx, layer, keys, q)
+            return keys, values
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
             layer.keys = key_states.new_zeros((b, h, 0, key_states.shape[-1]))
@@ -434,15 +517,19 @@ class BudgetedCache(DynamicCache):
         if pad is not None:
             layer.pad = pad
         layer.keys, layer.values, layer.positions = kept_k, kept_v, kept_p
-        # What this forward attends to (the pre-eviction set) and its new-token count, for a memory that
-        # weighs its readout against the attended mass (LatentMemory(mode="softmax")); dropped by the next update.
-        self.attended[layer_idx] = (keys, q)
+        self._account(layer_idx, layer, keys, q)
+        return keys, values
+
+    def _account(self, layer_idx: int, layer, attended: Tensor, q: int) -> None:
+        """Record what this forward attends to (the pre-eviction set) and its new-token count, for a memory that
+        weighs its readout against the attended mass (``LatentMemory(mode="softmax")``; dropped by the next
+        update), the layer's peak and the stored bytes."""
+        self.attended[layer_idx] = (attended, q)
         layer.peak_kept = max(layer.peak_kept, layer.kept)
-        self._bytes[layer_idx] = (
-            kept_k.numel() * kept_k.element_size() + kept_v.numel() * kept_v.element_size()
+        self._bytes[layer_idx] = layer.keys.numel() * layer.keys.element_size() + (
+            layer.values.numel() * layer.values.element_size()
         )
         self.peak_bytes = max(self.peak_bytes, sum(self._bytes))
-        return keys, values
 
     def _select(self, scores: Tensor, s: int) -> Tensor:
         """Sorted slot indices ``[B, Hkv, budget]``: sinks, the top-scored middle, the recent window."""

@@ -24,6 +24,7 @@ from lightning_llm.eviction.base import (
     OnEvict,
     check_model,
     rotated_queries,
+    sliding_layers,
 )
 from lightning_llm.eviction.memory import LatentMemory
 
@@ -68,9 +69,15 @@ def record_prefill(
 ) -> Prefill:
     """Run the prompt once (left padding as in :func:`generate_with_budget`) and keep, per layer, its keys, values
     and RoPE-rotated queries (``[B, Hq, L, D]``, with the module's scaling): about ``(2 Hkv + Hq) · D · L · B``
-    floats per layer. Pass the result as ``generate_with_budget(..., prefill=...)``."""
+    floats per layer. Pass the result as ``generate_with_budget(..., prefill=...)``. On a hybrid model every layer
+    records all the prompt's keys (the model's masks still limit its sliding-window layers to their window), so
+    the replay gives those layers what their own prefill would have seen."""
     is_pad = _check_inputs(input_ids, attention_mask)
     modules = check_model(model, needs_attention=True)
+    if is_pad is not None and sliding_layers(model):
+        raise NotImplementedError(
+            f"left-padded batches are not supported on models with sliding-window layers ({model.config.model_type})"
+        )
     num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     cache = BudgetedCache(FullCache(), None, num_layers)
     queries: dict[int, tuple[Tensor, float]] = {}
@@ -208,6 +215,16 @@ def generate_with_budget(
         if not (torch.equal(prefill.input_ids, input_ids) and same_mask):
             raise ValueError("prefill was recorded for other input_ids or another attention_mask")
     check_model(model, policy.needs_attention)
+    windows = sliding_layers(model)
+    if windows and is_pad is not None:
+        raise NotImplementedError(
+            f"left-padded batches are not supported on models with sliding-window layers ({model.config.model_type}):"
+            " generate one row (or rows of equal length) at a time"
+        )
+    if windows and memory is not None:
+        raise NotImplementedError(
+            f"a latent memory is not supported on models with sliding-window layers ({model.config.model_type})"
+        )
     eos = generate_kwargs.get("eos_token_id")
     eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     pad_id = generate_kwargs.get("pad_token_id")
@@ -215,7 +232,7 @@ def generate_with_budget(
     output_logits = bool(generate_kwargs.get("output_logits", False))
 
     num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    cache = BudgetedCache(policy, budget, num_layers, on_evict=_memory_hook(memory))
+    cache = BudgetedCache(policy, budget, num_layers, on_evict=_memory_hook(memory), sliding_windows=windows)
     cache_kw = cache_kwarg(model)
     bsz, device = input_ids.shape[0], input_ids.device
     sequences, step_logits = input_ids, []

@@ -9,7 +9,6 @@ from lightning_llm.metrics.grammar import (
     prefix_batches,
 )
 from lightning_llm.metrics.intervals import wilson_interval
-from lightning_llm.metrics.pcfg import PCFG, Constituent
 from lightning_llm.metrics.perplexity import perplexity, token_nll, token_nll_sum
 from lightning_llm.metrics.sae import (
     DeadFeatures,
@@ -29,6 +28,7 @@ from lightning_llm.metrics.safety import (
     evaluate_safety,
     safety_outcomes,
 )
+from lightning_llm.text.pcfg import PCFG, Constituent  # the grammar the grammar metrics score against
 
 __all__ = [
     "PCFG",

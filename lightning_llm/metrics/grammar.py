@@ -2,7 +2,7 @@ r"""How close a language model's next-token distribution is to a PCFG's exact on
 
 For a sentence :math:`w` of the grammar and each prefix :math:`w_{1:t}` (``t = 0..|w|``), the grammar defines the
 exact next-symbol distribution :math:`p_G(\cdot \mid w_{1:t})` over its terminals and end of sentence
-(:meth:`~lightning_llm.metrics.pcfg.PCFG.next_token_logprobs`). The grammar KL of a model is
+(:meth:`~lightning_llm.text.pcfg.PCFG.next_token_logprobs`). The grammar KL of a model is
 
 .. math::
 
@@ -24,7 +24,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from lightning_llm.backbones import eval_mode
-from lightning_llm.metrics.pcfg import PCFG
+from lightning_llm.text.pcfg import PCFG
 
 __all__ = ["GrammarKL", "NGramModel", "grammar_kl", "model_next_token_logprobs", "prefix_batches"]
 

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["IGNORE_INDEX", "perplexity", "token_nll", "token_nll_sum"]
+from lightning_llm.types import IGNORE_INDEX
 
-IGNORE_INDEX = -100
+__all__ = ["perplexity", "token_nll", "token_nll_sum"]
 
 
 def token_nll_sum(logits: Tensor, labels: Tensor) -> Tensor:

@@ -47,8 +47,8 @@ from torchmetrics import Metric
 
 from lightning_llm.backbones import eval_mode
 from lightning_llm.backbones.inspect import decoder_layers, layer_index
-from lightning_llm.metrics.perplexity import IGNORE_INDEX as _IGNORE_INDEX
 from lightning_llm.metrics.perplexity import token_nll_sum
+from lightning_llm.types import IGNORE_INDEX
 
 __all__ = [
     "DeadFeatures",
@@ -400,11 +400,11 @@ def spliced_nll(
     device = next(model.parameters()).device
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     if labels is None:
-        labels = input_ids.masked_fill(attention_mask == 0, _IGNORE_INDEX)
+        labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
     elif labels.shape != input_ids.shape:
         raise ValueError(f"labels {tuple(labels.shape)} differ from input_ids {tuple(input_ids.shape)}")
     labels = labels.to(device)
-    tokens = int((labels[:, 1:] != _IGNORE_INDEX).sum())
+    tokens = int((labels[:, 1:] != IGNORE_INDEX).sum())
 
     def nll() -> Tensor:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_llm.backbones import eval_mode
+from lightning_llm.backbones import apply_chat_template, eval_mode
 from lightning_llm.lm import (
     adamw,
     global_mean,
@@ -147,9 +147,7 @@ class CausalLMModule(BackboneModule):
         for prompt in prompts:
             messages = prefix_messages(system_prompt)
             messages.append({"role": "user", "content": prompt})
-            rendered.append(
-                self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            )
+            rendered.append(apply_chat_template(self.tokenizer, messages, add_generation_prompt=True))
         side = self.tokenizer.padding_side
         self.tokenizer.padding_side = "left"  # generation appends on the right
         try:

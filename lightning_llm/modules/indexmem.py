@@ -39,8 +39,9 @@ from lightning_llm.backbones.inspect import cache_kwarg
 from lightning_llm.eviction.base import BudgetedCache, check_model
 from lightning_llm.eviction.indexer import IndexerPolicy, LightningIndexer, attention_input, indexer_kl
 from lightning_llm.eviction.memory import LatentMemory
-from lightning_llm.lm import IGNORE_INDEX, adamw
+from lightning_llm.lm import adamw
 from lightning_llm.modules.base import BackboneModule
+from lightning_llm.types import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

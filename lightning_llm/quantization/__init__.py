@@ -4,8 +4,8 @@ Proteus / QTIP-style trellis quantisation: :mod:`.hadamard` (incoherence process
 (lookup-free computed codes: QTIP 1MAD / 3INST, Proteus MUL-BAL), :mod:`.trellis` (bitshift trellis,
 tail-biting Viterbi, packing), :mod:`.quantize` (whole matrices, channel compensation, RTN baseline),
 :mod:`.ldlq` (proxy Hessians, BlockLDLQ), :mod:`.linear` (``TrellisLinear``), :mod:`.distill` (few-shot distillation of the affine statistics),
-:mod:`.model` (``quantize_model``, safetensors save / load) and :mod:`.baselines` (bitsandbytes NF4 for
-comparisons). The decode side (the Hadamard rotation, the bit stream and the code arithmetic, the
+:mod:`.model` (``quantize_model``, safetensors save / load), :mod:`.baselines` (bitsandbytes NF4 for
+comparisons) and :mod:`.heldout` (held-out text, perplexity and KL of a quantised model). The decode side (the Hadamard rotation, the bit stream and the code arithmetic, the
 decode-on-the-fly matmul) lives in :mod:`lightning_llm.kernels`, which this package imports.
 """
 

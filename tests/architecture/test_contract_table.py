@@ -8,6 +8,8 @@ architecture           what it exercises
 ``qwen2-gqa-untied``   grouped-query attention, q/k/v biases, an untied head
 ``gemma2-softcap``     ``final_logit_softcapping``: the plain log-prob path (the model's own logits)
 ``two-end-ids``        a generation config listing two end-of-turn ids: rollouts stop on either
+``gemma3-hybrid``      Gemma 3: sliding-window + global layers, one KV head, Gemma's turn format (no system role,
+                       ``<end_of_turn>`` in the stop set), the shared-prefix GRPO pass on a hybrid mask
 =====================  =======================================================================================
 
 Per architecture: log-probs from ``target_logprobs`` equal ``log_softmax`` of the model's own logits, one
@@ -16,6 +18,7 @@ GRPO training step runs (rollouts ending at the model's stop set) and one SFT st
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import lightning as L
@@ -23,12 +26,13 @@ import pytest
 import torch
 
 from lightning_llm.backbones import load_backbone
+from lightning_llm.backbones.gemma3 import CHAT_TEMPLATE as GEMMA3_TEMPLATE
 from lightning_llm.datamodules import ChatSFTDataModule, PromptDataModule
 from lightning_llm.lm import logprob_path, position_ids_from_mask, save_backbone, target_logprobs
 from lightning_llm.modules import CausalLMModule, GRPOModule
 from lightning_llm.rl import Sampling
 
-ARCHITECTURES = ("llama", "qwen2-gqa-untied", "gemma2-softcap", "two-end-ids")
+ARCHITECTURES = ("llama", "qwen2-gqa-untied", "gemma2-softcap", "two-end-ids", "gemma3-hybrid")
 SMALL = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=256)
 
 
@@ -36,6 +40,8 @@ def _build(arch: str, tokenizer):
     from transformers import (
         Gemma2Config,
         Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
         Qwen2Config,
@@ -59,6 +65,18 @@ def _build(arch: str, tokenizer):
             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, **SMALL, **ids
         )
         return Qwen2ForCausalLM(config)
+    if arch == "gemma3-hybrid":
+        config = Gemma3TextConfig(
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            sliding_window=6,  # shorter than the prompts: the window matters
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=24,
+            **SMALL,
+            **ids,
+        )
+        return Gemma3ForCausalLM(config)
     config = Gemma2Config(
         num_attention_heads=2,
         num_key_value_heads=1,
@@ -86,13 +104,30 @@ def _prompt_batch(tokenizer, n: int = 2):
     return next(iter(dm.train_dataloader()))
 
 
+def _gemma3_tokenizer(tokenizer):
+    """The tiny tokenizer with Gemma's turn tokens and its chat template (which has no system turn)."""
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    tokenizer.chat_template = GEMMA3_TEMPLATE
+    return tokenizer
+
+
+def _stops(arch, tokenizer, saved):
+    if arch == "two-end-ids":
+        return [tokenizer.eos_token_id, saved["second_end"]]
+    if arch == "gemma3-hybrid":
+        return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
+    return [tokenizer.eos_token_id]
+
+
 @pytest.fixture(scope="module")
 def saved(tiny_backbone, tmp_path_factory):
     """``{arch: directory}``; the two-end-ids model lists eos and the token it emits first after the prompts."""
-    _, tokenizer = tiny_backbone
+    _, tiny_tokenizer = tiny_backbone
     root = tmp_path_factory.mktemp("contract")
     out, second_end = {}, None
     for arch in ARCHITECTURES:
+        tokenizer = _gemma3_tokenizer(tiny_tokenizer) if arch == "gemma3-hybrid" else tiny_tokenizer
         model = _build(arch, tokenizer).float()
         if arch == "two-end-ids":
             batch = _prompt_batch(tokenizer)
@@ -137,7 +172,7 @@ def test_grpo_step_with_rollouts_ending_at_the_stop_set(arch, saved, quiet_train
     noticed = "plain path" in caplog.text
     assert noticed == (arch == "gemma2-softcap")  # the one-line notice, only where the path changes
     tokenizer = module.tokenizer
-    stops = [tokenizer.eos_token_id] + ([saved["second_end"]] if arch == "two-end-ids" else [])
+    stops = _stops(arch, tokenizer, saved)
     assert module.stop_token_ids == stops
     before = {n: p.detach().clone() for n, p in module.model.named_parameters()}
     dm = PromptDataModule(

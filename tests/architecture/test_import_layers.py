@@ -3,7 +3,7 @@ names imported across top-level packages, no import that runs up the layers, and
 packages.
 
 Layers (README, "Layout"): backbones, text, types, trainer -> kernels -> datamodules, metrics, envs, rewards,
-quantization, eviction, pruning, sae -> rl, lm, lora, modules, callbacks, studies -> evaluation -> cli. A module
+quantization, eviction, pruning, sae -> rl, lm, lora, modules, callbacks -> evaluation -> cli. A module
 may import from its own layer and below. Kernels' private Triton files are private to the kernels package.
 Feature packages hold a method's non-Lightning building blocks; its Callbacks and LightningModules live in
 ``callbacks/`` and ``modules/`` (the placement rule of ``lightning_llm/__init__.py``).
@@ -24,7 +24,7 @@ LAYERS = {
     **dict.fromkeys(
         ["datamodules", "metrics", "envs", "rewards", "quantization", "eviction", "pruning", "sae"], 2
     ),
-    **dict.fromkeys(["rl", "lm", "lora", "modules", "callbacks", "studies"], 3),
+    **dict.fromkeys(["rl", "lm", "lora", "modules", "callbacks"], 3),
     "evaluation": 4,
     **dict.fromkeys(["cli", "__main__"], 5),
 }

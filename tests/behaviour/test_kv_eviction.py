@@ -28,9 +28,9 @@ import torch
 
 from lightning_llm.datamodules.needle import NeedleDataModule
 from lightning_llm.datamodules.tasks import get_task
-from lightning_llm.eviction import FullCache, StreamingLLM
+from lightning_llm.evaluation.retrieval_backbone import train_retrieval_backbone
+from lightning_llm.eviction import FullCache, StreamingLLM, accuracy_under_budget
 from lightning_llm.modules import IndexMemModule
-from lightning_llm.studies.eviction import accuracy_under_budget, train_retrieval_backbone
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """Behaviour: with a high learning rate and several updates per rollout batch, vanilla GRPO lets the likelihood of
-correct responses collapse; LLDS (arXiv 2512.04220, coef 0.2, action gate) keeps it (seeded, CPU, ~10 s idle).
+correct responses collapse; LLDS (arXiv 2512.04220, coef 0.2, action gate) keeps it (seeded, CPU, ~25 s idle).
 
 Both arms start from the same SFT warm-up of the tiny model on 1-digit addition and see the same first rollout
 batch. "Likelihood of correct responses" is measured on a fixed set of them: the task's reference completions of
@@ -27,11 +27,15 @@ TASK = {"task": "arithmetic", "task_kwargs": {"digits": 1, "ops": "+"}, "num_tra
 ROLLOUT_BATCHES = 6
 PPO_EPOCHS, MINI_BATCHES = 2, 4  # 8 updates per rollout batch of 8 prompts x 8 completions
 LR = 2e-3  # 4x the lr at which plain GRPO (one update per batch) improves this model
-SFT_SEED, RL_SEED = 0, 1
+SFT_SEED, RL_SEEDS = 0, (1, 2, 3)
 
 
 def _mean(values):
     return sum(values) / len(values)
+
+
+def _median(values):
+    return sorted(values)[len(values) // 2]
 
 
 class _CorrectLikelihood(Callback):
@@ -55,8 +59,8 @@ class _CorrectLikelihood(Callback):
         self.rewards.append(float(trainer.callback_metrics["train/reward"]))
 
 
-def _grpo_arm(quiet_trainer, warm_state, coef):
-    L.seed_everything(RL_SEED)  # same seed in both arms: the first rollout batch is identical
+def _grpo_arm(quiet_trainer, warm_state, coef, seed):
+    L.seed_everything(seed)  # same seed in both arms: the first rollout batch is identical
     module = GRPOModule(
         group_size=8, max_new_tokens=6, lr=LR, ppo_epochs=PPO_EPOCHS, mini_batches=MINI_BATCHES
     )
@@ -85,18 +89,27 @@ def test_llds_keeps_likelihood_of_correct_responses(quiet_trainer, tiny_backbone
     warm_state = copy.deepcopy(warm.model.state_dict())
     start = _CorrectLikelihood().measure(warm.model)
 
-    vanilla, _ = _grpo_arm(quiet_trainer, warm_state, coef=0.0)
-    llds, fire = _grpo_arm(quiet_trainer, warm_state, coef=0.2)
-    report = (
-        f"start {start:.2f}; vanilla {[round(v, 2) for v in vanilla.values]}; "
-        f"LLDS {[round(v, 2) for v in llds.values]}; rewards vanilla {vanilla.rewards}, LLDS {llds.rewards}"
-    )
-    # Means over the last 3 rollout batches, nats per token. Measured with RL_SEED 1-6 (start -0.34 each time):
-    # vanilla fell by 1.8-9.0, LLDS by 0.5-1.0, i.e. 0.12-0.30 of vanilla's fall; LLDS - vanilla: 1.35-8.0
-    # (seed 1, the one run here: vanilla -2.89, LLDS -1.11, gap 1.78). Not asserted: reward, which is noisy
-    # at this size (mean over batches 2-6, vanilla vs LLDS: higher with LLDS in 5 of the 6 seeds, by 0.02-0.13).
-    vanilla_end, llds_end = _mean(vanilla.values[-3:]), _mean(llds.values[-3:])
-    assert vanilla_end < start - 1.5, report  # vanilla: the likelihood of correct responses collapses
-    assert start - llds_end < 0.5 * (start - vanilla_end), report  # LLDS: it falls by less than half as much
-    assert llds_end - vanilla_end > 1.0, report
-    assert _mean(fire) > 0.1, fire  # the regulariser did act (measured: 0.3-0.5 of tokens gated)
+    reports, falls, ratios, gaps, fires = [], [], [], [], []
+    for seed in RL_SEEDS:
+        vanilla, _ = _grpo_arm(quiet_trainer, warm_state, coef=0.0, seed=seed)
+        llds, fire = _grpo_arm(quiet_trainer, warm_state, coef=0.2, seed=seed)
+        reports.append(
+            f"seed {seed}: vanilla {[round(v, 2) for v in vanilla.values]}; LLDS {[round(v, 2) for v in llds.values]}; "
+            f"rewards vanilla {vanilla.rewards}, LLDS {llds.rewards}"
+        )
+        # Means over the last 3 rollout batches, nats per token.
+        vanilla_end, llds_end = _mean(vanilla.values[-3:]), _mean(llds.values[-3:])
+        falls.append(start - vanilla_end)
+        ratios.append((start - llds_end) / max(start - vanilla_end, 1e-6))
+        gaps.append(llds_end - vanilla_end)
+        fires.append(_mean(fire))
+    report = f"start {start:.2f}; " + " | ".join(reports)
+    # Medians over RL seeds 1-3, each arm from the same warm-up and the same first rollout batch. Measured on the
+    # development host with RL seeds 1-8: vanilla fell by 2.8-5.3 nats, LLDS by 0.4-0.9, i.e. 0.10-0.22 of
+    # vanilla's fall; LLDS - vanilla: 2.3-4.7; fire rate 0.31-0.43. The trajectory is chaotic in float rounding:
+    # on another CPU one seed's LLDS arm collapsed too (fall ratio 0.76, gap 0.6), hence medians over 3 seeds.
+    # Not asserted: reward, which is noisy at this size.
+    assert _median(falls) > 1.5, report  # vanilla: the likelihood of correct responses collapses
+    assert _median(ratios) < 0.5, report  # LLDS: it falls by less than half as much
+    assert _median(gaps) > 1.0, report
+    assert _median(fires) > 0.1, fires  # the regulariser did act

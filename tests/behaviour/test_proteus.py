@@ -1,10 +1,10 @@
 """Behaviour: Proteus 2-bit trellis quantisation keeps a trained tiny model far closer to fp32 than RTN-2.
 
 The embedded ``"tiny"`` backbone (Llama, 4 layers, hidden 128; 737k weights in its 28 decoder linears) is
-trained by :func:`~lightning_llm.studies.quantization.train_arithmetic_model` (``CausalLMModule``, lr 5e-3,
+trained by :func:`~lightning_llm.evaluation.quantizers.train_arithmetic_model` (``CausalLMModule``, lr 5e-3,
 cosine, 800 steps of 64 conversations of two-digit arithmetic with ``+``, ``-`` and ``*``: a task that needs
 exact weights; a model trained on PCFG sentences was insensitive even to RTN-2, and at 400 steps this one had not
-learned the products yet and every quantiser matched it). :func:`~lightning_llm.studies.quantization.
+learned the products yet and every quantiser matched it). :func:`~lightning_llm.evaluation.quantizers.
 compare_quantizers` quantises copies, every decoder linear (the tied embedding / ``lm_head`` stays fp32), and
 scores the held-out response tokens of 200 conversations by perplexity and by the mean KL from the fp32
 model's next-token distributions:
@@ -40,8 +40,8 @@ import math
 import pytest
 import torch
 
+from lightning_llm.evaluation.quantizers import compare_quantizers, train_arithmetic_model
 from lightning_llm.quantization import TrellisLinear
-from lightning_llm.studies.quantization import compare_quantizers, train_arithmetic_model
 
 pytestmark = pytest.mark.slow
 

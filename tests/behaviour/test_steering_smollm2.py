@@ -1,6 +1,6 @@
 """Behaviour on the real model: a diffmean "ocean" vector at SmolLM2's middle layer raises the concept's rate.
 
-The vector is trained from 32 template contrast pairs (``lightning_llm.evaluation.steering_study.contrast_pairs``,
+The vector is trained from 32 template contrast pairs (``lightning_llm.evaluation.steering_concepts.contrast_pairs``,
 seed 0) at layer 15 of 30 and added at every position while SmolLM2-135M-Instruct greedily answers the first 8
 neutral chat prompts of the study (24 new tokens); the rate is the fraction of answers the study's ocean keyword
 detector flags, fluency the perplexity of the answers under the unsteered model.
@@ -19,7 +19,7 @@ import math
 import pytest
 
 from lightning_llm.callbacks import train_steering_vector
-from lightning_llm.evaluation.steering_study import (
+from lightning_llm.evaluation.steering_concepts import (
     NEUTRAL_PROMPTS,
     chat_prompts,
     concept_detector,

@@ -15,8 +15,8 @@ from lightning_llm.callbacks.pcfg import (
     span_targets,
 )
 from lightning_llm.datamodules.pcfg import PCFGDataModule
-from lightning_llm.metrics.pcfg import PCFG
 from lightning_llm.modules import CausalLMModule
+from lightning_llm.text.pcfg import PCFG
 
 _GRAMMAR = {"num_nonterminals": 5, "num_terminals": 6, "levels": 3, "binary_mass": 0.8, "seed": 0}
 

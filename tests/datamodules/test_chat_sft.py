@@ -11,7 +11,7 @@ import torch
 
 import lightning_llm.backbones
 from lightning_llm.datamodules import ChatSFTDataModule
-from lightning_llm.datamodules.chat_sft import IGNORE_INDEX
+from lightning_llm.types import IGNORE_INDEX
 
 END = "<|im_end|>"
 

@@ -15,9 +15,10 @@ from lightning_llm.datamodules import (
     get_task,
     honeypot_pairs,
 )
-from lightning_llm.datamodules.sources import IGNORE_INDEX, DataSourceError
+from lightning_llm.datamodules.sources import DataSourceError
 from lightning_llm.datamodules.tasks.honeypot import ATTACK_TEMPLATES, TRAIN_TEMPLATES, build_response
 from lightning_llm.metrics import KeywordJudge, LLMJudge, SafetyMetrics, safety_outcomes
+from lightning_llm.types import IGNORE_INDEX
 
 JUDGE = KeywordJudge()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_llm.datamodules.pcfg import PCFGDataModule
-from lightning_llm.metrics.pcfg import PCFG
+from lightning_llm.text.pcfg import PCFG
 
 
 def _small_datamodule() -> PCFGDataModule:

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_llm.datamodules import PuzzleDataModule
-from lightning_llm.datamodules.chat_sft import IGNORE_INDEX
 from lightning_llm.datamodules.tasks import (
     Example,
     FutoshikiTask,
@@ -26,6 +25,7 @@ from lightning_llm.datamodules.tasks import (
     parse_grid,
     split_train_val,
 )
+from lightning_llm.types import IGNORE_INDEX
 
 END = "<|im_end|>"
 FAMILIES = {"latin_square": (3, 4, 5, 6), "futoshiki": (3, 4, 5, 6), "mini_sudoku": (4, 6)}

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_llm.datamodules.sources import render_prompt
+from lightning_llm.datamodules.needle import encode_chat_prompts, first_number_score
 from lightning_llm.datamodules.tasks.long_context import NeedleTask
 from lightning_llm.eviction import FullCache, SnapKV, generate_with_budget, record_prefill
-from lightning_llm.studies.kv_smollm2 import SYSTEM_PROMPT, first_number_score
 
 pytestmark = pytest.mark.pretrained
 
@@ -20,10 +19,7 @@ def test_smollm2_reads_prose_needles_in_a_padded_batch_and_batching_changes_no_a
         NeedleTask(haystack_words=words, depth=depth, filler="prose").generate(1, seed)[0]
         for seed, (words, depth) in enumerate([(120, 0.2), (100, 0.5), (80, 0.8)])
     ]
-    encoded = [
-        tokenizer(render_prompt(tokenizer, ex.prompt, SYSTEM_PROMPT), add_special_tokens=False)["input_ids"]
-        for ex in examples
-    ]
+    encoded = encode_chat_prompts(tokenizer, examples)  # under NEEDLE_SYSTEM_PROMPT
     length, eos = max(map(len, encoded)), tokenizer.eos_token_id
     ids = torch.full((len(encoded), length), eos)
     mask = torch.zeros_like(ids)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_llm.metrics.grammar import GrammarKL, NGramModel, grammar_kl, model_next_token_logprobs
-from lightning_llm.metrics.pcfg import PCFG
+from lightning_llm.text.pcfg import PCFG
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import torch
 from lightning_llm.callbacks import LatentThoughtsCurriculum
 from lightning_llm.callbacks.latent_thoughts import insert_thinking, rebuild_with_thinking, token_confidence
 from lightning_llm.datamodules import ChatSFTDataModule
-from lightning_llm.datamodules.sources import IGNORE_INDEX
 from lightning_llm.datamodules.tasks import ArithmeticTask
 from lightning_llm.modules import LatentThoughtsModule, fuse_latent, latent_collapse
 from lightning_llm.modules.latent_thoughts import top_p_distribution
+from lightning_llm.types import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")

@@ -228,7 +228,7 @@ def test_ldlq_needs_calibration_and_valid_hessian():
 # layer 10: 0.49). About 15 s of CPU.
 @pytest.mark.pretrained
 def test_smollm2_layer_ldlq_beats_data_free(smollm2):
-    from lightning_llm.studies.quant_smollm2 import held_out_windows, load_passages
+    from lightning_llm.quantization.heldout import held_out_windows, load_passages
 
     model, tokenizer = smollm2
     passages = load_passages()

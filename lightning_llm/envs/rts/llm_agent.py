@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_llm.backbones import apply_chat_template
 from lightning_llm.envs.rts.intents import all_intents
 from lightning_llm.envs.rts.match import Agent
 from lightning_llm.envs.rts.observation import Observation
@@ -103,7 +104,7 @@ class LLMAgent(Agent):
             max_train=obs.rules.max_train,
         )
         messages = [{"role": "system", "content": system}, {"role": "user", "content": obs.summary()}]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = apply_chat_template(self.tokenizer, messages, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @torch.no_grad()

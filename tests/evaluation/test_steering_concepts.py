@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lightning_llm.evaluation.steering_study import (
+from lightning_llm.evaluation.steering_concepts import (
     CONCEPTS,
     NEUTRAL_PHRASES,
     PAIR_TEMPLATES,

@@ -8,23 +8,17 @@ compensation; :func:`lightning_llm.quantization.quantize_model`) and ``"proteus+
 then :func:`~lightning_llm.quantization.distill_quantized` of its affine statistics and scales towards the fp32
 model on the calibration passages; the bits do not change).
 
-Text: :data:`PASSAGES` (``lightning_llm/assets/quant_passages.txt``), original English prose passages written
-for this study (see the file's header), separated by lines holding ``===``. The first ``calib_passages`` are
-the distillation's calibration text; the rest are the held-out text, tokenised passage by passage (no special
-tokens), joined with the tokenizer's EOS and cut into windows of ``seq_len`` tokens. Every window's tokens
-after the first are scored: perplexity ``exp(mean NLL)`` and the KL ``Σ_v p_fp32 (log p_fp32 − log p_q)``
-per scored position (nats), against the fp32 model's log-probabilities (kept in a float32 memory map on disk).
-
-Scoring runs the quantised layers as dense fp32 matrices holding the dequantised weights ``Ŵ``
-(:func:`~lightning_llm.quantization.dequantize`): the same weights as ``TrellisLinear``'s decode-then-matmul
-reference, without decoding them again on every forward (that op rotates the activations instead of the
-weight, which differs only by float rounding).
+Text: :data:`~lightning_llm.quantization.heldout.PASSAGES`, original English prose passages written for this
+study. The first ``calib_passages`` are the distillation's calibration text; the rest are the held-out text, cut
+into windows of ``seq_len`` tokens and scored by :func:`~lightning_llm.quantization.heldout.score` against the
+fp32 model's log-probabilities (kept in a float32 memory map on disk). Scoring runs the quantised layers as
+dense fp32 matrices holding the dequantised weights (:func:`~lightning_llm.quantization.heldout.densify`).
 
 Encode times are process CPU seconds (``time.process_time``) with the threads torch was given; run with
 ``OMP_NUM_THREADS=1`` for one-thread figures. ``--quantized-dir`` keeps each encoded model
 (:func:`~lightning_llm.quantization.save_quantized`, with its encode times) so that a rerun reuses it.
 
-Run: ``OMP_NUM_THREADS=1 python -m lightning_llm.studies.quant_smollm2 --out benchmarks/results/quant_smollm2.json``.
+Run: ``OMP_NUM_THREADS=1 python experiments/quant_smollm2.py --out benchmarks/results/quant_smollm2.json``.
 """
 
 from __future__ import annotations
@@ -38,12 +32,12 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from _results import refuse_existing, write_results
 from torch import Tensor, nn
 
 from lightning_llm.backbones import load_backbone
@@ -53,86 +47,13 @@ from lightning_llm.quantization import (
     distill_quantized,
     load_quantized,
     quantize_matrix,
-    quantize_model,
-    quantize_model_nf4,
     save_quantized,
 )
-
-__all__ = ["METHODS", "PASSAGES", "densify", "encode_model", "held_out_windows", "load_passages", "score"]
+from lightning_llm.quantization.heldout import densify, encode_model, held_out_windows, load_passages, score
 
 METHODS = ("fp32", "nf4", "rtn", "qtip-1mad", "qtip-3inst", "proteus", "proteus+distill")
+
 TRELLIS = ("qtip-1mad", "qtip-3inst", "proteus")
-PASSAGES = "assets/quant_passages.txt"
-
-
-def load_passages() -> list[str]:
-    """The shipped passages (header lines starting with ``#`` dropped), in file order."""
-    text = resources.files("lightning_llm").joinpath(PASSAGES).read_text(encoding="utf-8")
-    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-    passages = [" ".join(p.split()) for p in body.split("\n===\n")]
-    return [p for p in passages if p]
-
-
-def held_out_windows(tokenizer, passages: Sequence[str], seq_len: int) -> Tensor:
-    """Passages tokenised one by one, joined with EOS, cut into ``[windows, seq_len]`` (the tail is dropped)."""
-    ids: list[int] = []
-    for p in passages:
-        ids.extend(tokenizer(p, add_special_tokens=False)["input_ids"])
-        ids.append(tokenizer.eos_token_id)
-    n = len(ids) // seq_len
-    if n == 0:
-        raise ValueError(f"{len(ids)} tokens make no window of {seq_len}")
-    return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
-
-
-def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
-
-
-def densify(model: nn.Module) -> nn.Module:
-    """Replace every :class:`TrellisLinear` (in place) by an ``nn.Linear`` holding its dequantised weight."""
-    for name, mod in list(model.named_modules()):
-        if isinstance(mod, TrellisLinear):
-            lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None)
-            with torch.no_grad():
-                lin.weight.copy_(dequantize(mod.quantized_matrix()))
-                if mod.bias is not None:
-                    lin.bias.copy_(mod.bias)
-            _replace(model, name, lin.requires_grad_(False))
-    return model
-
-
-def encode_model(model: nn.Module, method: str, L: int, seed: int) -> tuple[nn.Module, dict[str, float]]:
-    """A quantised copy of ``model`` and its encode ``{"cpu_s", "wall_s"}``."""
-    q = copy.deepcopy(model)
-    c0, w0 = time.process_time(), time.perf_counter()
-    if method == "nf4":
-        quantize_model_nf4(q)
-    elif method == "rtn":
-        quantize_model(q, "rtn", incoherence=False, seed=seed)
-    else:
-        quantize_model(q, method, L=L, seed=seed)
-    return q, {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0}
-
-
-@torch.no_grad()
-def score(model: nn.Module, windows: Tensor, teacher_lp: np.memmap | None, batch: int) -> dict[str, float]:
-    """Held-out NLL / perplexity of ``model`` on ``windows`` and, with ``teacher_lp``, the KL from it."""
-    model.eval()
-    nll, kl, count = 0.0, 0.0, 0
-    for i in range(0, windows.shape[0], batch):
-        ids = windows[i : i + batch]
-        lp = model(input_ids=ids).logits[:, :-1].float().log_softmax(-1)
-        nll -= float(lp.gather(-1, ids[:, 1:].unsqueeze(-1)).sum())
-        if teacher_lp is not None:
-            t = torch.from_numpy(np.asarray(teacher_lp[i : i + ids.shape[0]]))
-            kl += float((t.exp() * (t - lp)).sum())
-        count += ids.shape[0] * (ids.shape[1] - 1)
-    out = {"nll": nll / count, "perplexity": math.exp(nll / count), "scored_tokens": count}
-    if teacher_lp is not None:
-        out["kl_to_fp32"] = kl / count
-    return out
 
 
 @torch.no_grad()
@@ -369,15 +290,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 _, times = _encode_cached(fp32.float(), method, args.L, seed, args.quantized_dir)
                 print(f"seed {seed} {method} L={args.L}: {times}", flush=True)
         return
-    if args.out.exists() and not args.overwrite:
-        raise SystemExit(f"{args.out} exists; pass --overwrite or choose another --out")
+    refuse_existing(args.out, args.overwrite)
     c0, w0 = time.process_time(), time.perf_counter()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def write(result: dict[str, Any], complete: bool = False) -> None:
         result = {**result, "complete": complete, "cpu_s": time.process_time() - c0}
         result["wall_s"] = time.perf_counter() - w0
-        args.out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+        write_results(args.out, result)
 
     result = run(
         args.model,

@@ -1,11 +1,11 @@
 """Zero-shot greedy accuracy of a backbone on the synthetic tasks, each prompted with its own instructions.
 
-Each setting is a task with its parameters; its held-out examples are those a ``PromptDataModule`` with
-``system_prompt="task"`` validates on (the worked exchange of the prompt comes from the training split).
-Completions are greedy, one turn, scored by the task's verifier. Multi-turn tasks (search, twenty questions)
-are left out: a single turn cannot call their tools.
+Each setting is a task with its parameters, scored by
+:func:`lightning_llm.evaluation.zero_shot.zero_shot_accuracy` on the held-out examples of a ``PromptDataModule``
+with ``system_prompt="task"`` (the worked exchange of the prompt comes from the training split). Multi-turn tasks
+(search, twenty questions) are left out: a single turn cannot call their tools.
 
-Run: ``python -m lightning_llm.studies.zero_shot --model smollm2-135m --n 32 --seeds 0 1 2 --out results.json``.
+    python experiments/zero_shot.py --model smollm2-135m --n 32 --seeds 0 1 2 --out results.json
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+from _results import refuse_existing, write_results
 
 from lightning_llm.backbones import load_backbone
-from lightning_llm.datamodules import PromptDataModule
-
-__all__ = ["SETTINGS", "zero_shot_accuracy"]
+from lightning_llm.evaluation.zero_shot import zero_shot_accuracy
 
 #: ``(label, task, task_kwargs, max_new_tokens)`` of the table.
 SETTINGS: list[tuple[str, str, dict[str, Any], int]] = [
@@ -48,46 +46,6 @@ SETTINGS: list[tuple[str, str, dict[str, Any], int]] = [
     ("associative_recall", "associative_recall", {}, 24),
     ("latin_square", "latin_square", {}, 48),
 ]
-
-
-@torch.no_grad()
-def zero_shot_accuracy(
-    model: Any,
-    tokenizer: Any,
-    task: str,
-    task_kwargs: dict[str, Any],
-    *,
-    n: int,
-    seed: int,
-    max_new_tokens: int,
-    batch_size: int = 16,
-) -> float:
-    """Fraction of ``n`` held-out examples (DataModule seed ``seed``) that greedy decoding answers correctly."""
-    data = PromptDataModule(
-        task=task,
-        task_kwargs=task_kwargs,
-        system_prompt="task",
-        num_train=64,
-        num_val=n,
-        seed=seed,
-        batch_size=batch_size,
-        max_length=2048,
-        shuffle=False,
-    )
-    data.use_tokenizer(tokenizer)
-    data.setup("fit")
-    correct = 0.0
-    for batch in data.val_dataloader():
-        out = model.generate(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-        correct += sum(data.task.score(text, ex) for text, ex in zip(texts, batch["example"], strict=True))
-    return correct / len(data.val_examples)
 
 
 def run(
@@ -132,8 +90,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="replace those settings' rows in an existing --out, keep the rest",
     )
     args = parser.parse_args(argv)
-    if args.out.exists() and not args.update:
-        raise SystemExit(f"{args.out} exists; remove it, choose another --out, or pass --update")
+    refuse_existing(args.out, args.update, "remove it, choose another --out, or pass --update")
     chosen = [s for s in SETTINGS if not args.settings or s[0] in args.settings]
     if args.settings and len(chosen) != len(args.settings):
         raise SystemExit(f"unknown settings; known: {[s[0] for s in SETTINGS]}")
@@ -148,8 +105,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(f"{args.out} was measured with another model, n or seeds; cannot update it")
         new = {row["setting"]: row for row in result["rows"]}
         result["rows"] = [new.pop(row["setting"], row) for row in old["rows"]] + list(new.values())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

@@ -11,23 +11,19 @@ Two measurements on a pretrained chat model (``smollm2-135m`` by default), greed
   forward runs once (:func:`~lightning_llm.eviction.record_prefill`) and is compressed under every
   policy and budget; this equals running each separately (tested). A system prompt asks for the number;
   SmolLM2 answers "The code for X is 1234", so the score is whether the *first number* of the completion is the
-  value (``first_number_score``). Accuracy with a Wilson 95% interval, overall and per depth.
+  value (:func:`~lightning_llm.datamodules.needle.first_number_score`). Accuracy with a Wilson 95% interval, overall and per depth.
 * **Decode time.** One prompt each of about 512/1024/2048 tokens; for the full cache and each policy at 25%,
   40 greedy decode steps after the prefill, timed per forward (process CPU time, one thread, so it does not
   count waiting for a shared core; wall time also recorded); 5 repetitions = 5 blocks of 8 consecutive steps.
 
-``python -m lightning_llm.studies.kv_smollm2 --out benchmarks/results/kv_smollm2.json``; ``--parts accuracy``
-or ``--parts timing`` runs one part, and ``--merge A.json B.json`` combines part files into ``--out``.
+``python experiments/kv_smollm2.py --out benchmarks/results/kv_smollm2.json``; ``--parts accuracy`` or
+``--parts timing`` runs one part, and ``--merge A.json B.json`` combines part files into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
-import re
 import statistics
 import sys
 import time
@@ -36,60 +32,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _results import host, read_parts, refuse_existing, write_results
 
 from lightning_llm.backbones import load_backbone
-from lightning_llm.datamodules.sources import render_prompt
-from lightning_llm.datamodules.tasks.long_context import MultiKeyNeedleTask, NeedleTask
+from lightning_llm.datamodules.needle import (
+    DEPTHS,
+    NEEDLE_SYSTEM_PROMPT,
+    encode_chat_prompts,
+    first_number_score,
+    nearest_depth,
+    needle_examples,
+)
+from lightning_llm.datamodules.tasks.long_context import NeedleTask
 from lightning_llm.eviction import H2O, FullCache, SnapKV, StreamingLLM, generate_with_budget, record_prefill
 from lightning_llm.metrics.intervals import wilson_interval
-from lightning_llm.text import finite_json
-from lightning_llm.types import Example
 
-__all__ = [
-    "encode_chat_prompts",
-    "first_number_score",
-    "main",
-    "merge",
-    "nearest_depth",
-    "needle_examples",
-    "run_accuracy",
-    "run_timing",
-    "wilson_interval",
-]
-
-SYSTEM_PROMPT = "Answer the question about the text with the number only."
-DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 RATIOS = (0.1, 0.25, 0.5)
+
 POLICIES = {"streaming_llm": StreamingLLM, "h2o": H2O, "snapkv": SnapKV}
-_NUMBER = re.compile(r"[0-9]+")
-
-
-def first_number_score(completion: str, example: Example) -> float:
-    """1.0 when the first run of digits in ``completion`` is exactly ``example.answer``."""
-    match = _NUMBER.search(completion)
-    return float(match is not None and match.group(0) == example.answer)
-
-
-def needle_examples(task: str, n: int, words: int, seed: int) -> list[Example]:
-    """``n`` prose-filler examples of ``task``: ``"needle"`` (spread evenly over :data:`DEPTHS`, rounded up per
-    depth) or ``"multikey_needle"`` (four facts, one asked), ``words`` filler words each, drawn from ``seed``."""
-    if task == "needle":
-        per_depth = math.ceil(n / len(DEPTHS))
-        examples = []
-        for index, depth in enumerate(DEPTHS):
-            examples += NeedleTask(haystack_words=words, depth=depth, filler="prose").generate(
-                per_depth, seed + 1000 * index
-            )
-        return examples[:n]
-    return MultiKeyNeedleTask(haystack_words=words, num_needles=4, filler="prose").generate(n, seed)
-
-
-def encode_chat_prompts(tokenizer: Any, examples: Sequence[Example]) -> list[list[int]]:
-    """Token ids of each example's prompt rendered with the chat template under :data:`SYSTEM_PROMPT`."""
-    return [
-        tokenizer(render_prompt(tokenizer, ex.prompt, SYSTEM_PROMPT), add_special_tokens=False)["input_ids"]
-        for ex in examples
-    ]
 
 
 def _batch(encoded: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -213,11 +173,6 @@ def run_accuracy(
     return result
 
 
-def nearest_depth(example: Example) -> float:
-    """The requested depth of a needle example (its measured depth rounded to the nearest of :data:`DEPTHS`)."""
-    return min(DEPTHS, key=lambda d: abs(d - float(example.metadata["needle_depth"])))
-
-
 def run_timing(
     model: Any, tokenizer: Any, lengths: Sequence[int], seed: int, steps: int = 40, reps: int = 5
 ) -> list[dict[str, Any]]:
@@ -325,18 +280,6 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _host() -> dict[str, Any]:
-    return {
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -354,10 +297,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--merge", type=Path, nargs="+", help="combine these part files into --out")
     args = parser.parse_args(argv)
-    if args.out.exists() and not args.overwrite:
-        raise SystemExit(f"{args.out} exists; pass --overwrite or choose another --out")
+    refuse_existing(args.out, args.overwrite)
     if args.merge:
-        result = merge([json.loads(p.read_text()) for p in args.merge])
+        result = merge(read_parts(args.merge))
     else:
         torch.set_num_threads(1)
         torch.manual_seed(args.seed)
@@ -368,12 +310,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             "study": "kv_smollm2",
             "model": args.model,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "system_prompt": SYSTEM_PROMPT,
+            "system_prompt": NEEDLE_SYSTEM_PROMPT,
             "policies": {name: repr(cls()) for name, cls in POLICIES.items()},
             "ratios": list(RATIOS),
             "scoring": "first run of digits in the greedy completion == the needle's value",
             "seeds": [args.seed],
-            "host": _host(),
+            "host": host(),
             "command": " ".join(sys.argv),
         }
         if "accuracy" in args.parts:
@@ -384,9 +326,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             def progress(part: dict[str, Any]) -> None:  # a partial file after every batch
                 partial = {**result, "accuracy": [*result["accuracy"], part]}
                 partial["cpu_seconds"] = round(time.process_time() - start, 1)
-                args.out.with_suffix(".partial.json").write_text(
-                    json.dumps(finite_json(partial), indent=2) + "\n"
-                )
+                write_results(args.out.with_suffix(".partial.json"), partial)
 
             for task, n in zip(args.tasks, args.n, strict=True):
                 result["accuracy"].append(
@@ -405,8 +345,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if "timing" in args.parts:
             result["timing"] = run_timing(model, tokenizer, args.lengths, args.seed)
         result["cpu_seconds"] = round(time.process_time() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(finite_json(result), indent=2, allow_nan=False) + "\n")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

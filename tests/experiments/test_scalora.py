@@ -1,4 +1,4 @@
-"""Plumbing of the ScaLoRA study (``lightning_llm.studies.scalora``) on the tiny backbone."""
+"""Plumbing of the ScaLoRA study (``experiments/scalora.py``) on the tiny backbone."""
 
 import json
 
@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from lightning_llm.modules import CausalLMModule
-from lightning_llm.studies import scalora as study
 
 TINY_ARGV = [
     "--model", "tiny", "--seeds", "0", "--steps", "4", "--batch-size", "4", "--num-val", "6", "--val-every", "3",
@@ -15,7 +14,13 @@ TINY_ARGV = [
 ]  # fmt: skip
 
 
-def test_study_writes_every_arm_and_refuses_to_overwrite(tmp_path, tiny_backbone):
+@pytest.fixture
+def study(experiment):
+    return experiment("scalora")
+
+
+def test_study_writes_every_arm_and_refuses_to_overwrite(study, tmp_path, tiny_backbone, help_of):
+    assert "--combine" in help_of(study)
     out, partial = tmp_path / "scalora.json", tmp_path / "partial.json"
     argv = [*TINY_ARGV, "--out", str(out), "--partial", str(partial)]
     study.main(argv)
@@ -43,7 +48,7 @@ def test_study_writes_every_arm_and_refuses_to_overwrite(tmp_path, tiny_backbone
         study.main(argv)
 
 
-def test_combine_merges_processes_and_refuses_mismatches(tmp_path):
+def test_combine_merges_processes_and_refuses_mismatches(study, tmp_path):
     def part(seed, lr=1e-3):
         args = study.build_parser().parse_args(["--seeds", str(seed), "--lr", str(lr)])
         run = {
@@ -76,7 +81,7 @@ def test_combine_merges_processes_and_refuses_mismatches(tmp_path):
         study.combine([complete, part(1)])
 
 
-def test_validation_loss_is_the_token_mean_over_the_held_out_set(tiny_backbone):
+def test_validation_loss_is_the_token_mean_over_the_held_out_set(study, tiny_backbone):
     args = study.build_parser().parse_args(["--model", "tiny", "--steps", "2", "--num-val", "6"])
     module = CausalLMModule("tiny")
     module.configure_model()

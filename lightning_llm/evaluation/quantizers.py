@@ -1,4 +1,5 @@
-"""The 2-bit perplexity study shared by tutorial 19, ``tests/behaviour/test_proteus.py`` and ``benchmarks/quant.py``.
+"""2-bit quantisers compared on a trained tiny model (tutorial 19, ``tests/behaviour/test_proteus.py``,
+``benchmarks/quant.py``).
 
 :func:`train_arithmetic_model` trains the embedded ``"tiny"`` backbone on two-digit arithmetic with ``+ - *``
 (exact arithmetic is sensitive to weight error; a model trained on PCFG sentences was not: RTN-2 left its
@@ -28,6 +29,7 @@ from lightning_llm.metrics import perplexity
 from lightning_llm.modules import CausalLMModule
 from lightning_llm.quantization import distill_quantized, quantize_model, quantize_model_nf4
 from lightning_llm.trainer import quiet_trainer
+from lightning_llm.types import IGNORE_INDEX
 
 __all__ = ["METHODS", "compare_quantizers", "train_arithmetic_model"]
 
@@ -80,10 +82,10 @@ def _quantizer(method: str, L: int, calibration, distill_steps: int) -> Callable
 
 
 def _response_log_probs(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
-    """Next-token log-probabilities ``[n, vocab]`` at the scored positions (``labels[t + 1] != -100``)."""
+    """Next-token log-probabilities ``[n, vocab]`` at the scored positions (``labels[t + 1] != IGNORE_INDEX``)."""
     model.eval()
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    scored = batch["labels"][:, 1:] != -100
+    scored = batch["labels"][:, 1:] != IGNORE_INDEX
     return logits[scored].float().log_softmax(-1)
 
 

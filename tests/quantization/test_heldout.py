@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_llm.studies.quant_smollm2 import densify, held_out_windows, load_passages
+from lightning_llm.quantization.heldout import densify, held_out_windows, load_passages
 
 
 def test_passages_are_distinct_prose_without_the_separator():

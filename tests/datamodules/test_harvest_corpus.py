@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_llm.datamodules.activation_harvest import special_token_ids
-from lightning_llm.studies.sae_fast import harvest_corpus, render_corpus
+from lightning_llm.datamodules.activation_harvest import harvest_corpus, render_corpus, special_token_ids
 
 
 def test_sequential_and_block_harvests_hold_the_same_tokens_and_held_out_set(tiny_backbone):

@@ -21,7 +21,7 @@ the rank of the accumulated update ``ΔW = W_t − W_0`` of every adapted layer 
 ``UpdateRankMonitor`` log) and its numerical rank, the number of singular values above ``rank_tol · σ_max``.
 Plain LoRA's ``ΔW = s B A`` has rank at most ``r``.
 
-Run: ``python -m lightning_llm.studies.scalora --out benchmarks/results/scalora_smollm2.json``. The committed
+Run: ``python experiments/scalora.py --out benchmarks/results/scalora_smollm2.json``. The committed
 file was made by five such processes, at most two at a time (``--arms lora restart --seeds 0``, ``--arms scalora
 --seeds 0``, then one per remaining arm at seed 1, each with its own ``--out``), merged with
 ``--combine part*.json --out benchmarks/results/scalora_smollm2.json``.
@@ -30,7 +30,6 @@ file was made by five such processes, at most two at a time (``--arms lora resta
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -40,6 +39,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from _results import read_parts, refuse_existing, write_results
 from typing_extensions import override
 
 from lightning_llm.callbacks import LoRARestart, ScaLoRA
@@ -47,7 +47,6 @@ from lightning_llm.datamodules import ChatSFTDataModule
 from lightning_llm.datamodules.tasks.arithmetic import ArithmeticTask
 from lightning_llm.lora import LoRAConfig, iter_effective_weights
 from lightning_llm.modules import CausalLMModule
-from lightning_llm.text import finite_json
 from lightning_llm.trainer import quiet_trainer
 
 __all__ = ["ARMS", "UpdateRank", "ValidationCurve", "run", "train_arm", "update_rank"]
@@ -309,11 +308,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
             if args.partial is not None:  # progress so far, in case the run is cut short
-                args.partial.write_text(
-                    json.dumps(finite_json({"settings": settings, "runs": runs}), indent=2) + "\n"
-                )
+                write_results(args.partial, {"settings": settings, "runs": runs})
     return {
-        "study": "LoRA vs ScaLoRA vs LoRA-restart SFT (lightning_llm.studies.scalora)",
+        "study": "LoRA vs ScaLoRA vs LoRA-restart SFT (experiments/scalora.py)",
         "settings": settings,
         "data": (
             "arithmetic (2-digit operands), answer format as the system message; data seed 0 for every run, "
@@ -407,14 +404,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.steps < 1:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
-    if args.out.exists() and not args.overwrite:
-        raise SystemExit(f"{args.out} exists; pass --overwrite or choose another --out")
-    if args.combine:
-        result = combine([json.loads(path.read_text()) for path in args.combine])
-    else:
-        result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(finite_json(result), indent=2, allow_nan=False) + "\n")
+    refuse_existing(args.out, args.overwrite)
+    write_results(args.out, combine(read_parts(args.combine)) if args.combine else run(args))
     print(f"wrote {args.out}")
 
 

@@ -1,4 +1,4 @@
-"""The SmolLM2 KV study's scoring, interval and part merging (no model)."""
+"""``experiments/kv_smollm2.py``: part merging, and both parts end to end on the tiny backbone (plumbing)."""
 
 from __future__ import annotations
 
@@ -6,25 +6,13 @@ import json
 
 import pytest
 
-from lightning_llm.studies.kv_smollm2 import DEPTHS, first_number_score, main, merge, wilson_interval
-from lightning_llm.types import Example
+from lightning_llm.datamodules.needle import DEPTHS
+from lightning_llm.metrics import wilson_interval
 
 
-def test_first_number_score_reads_the_first_number_only():
-    ex = Example(prompt="p", completion="<answer>0487</answer>", answer="0487")
-    assert first_number_score("The code for sample is 0487.", ex) == 1.0
-    assert first_number_score("0487", ex) == 1.0
-    assert first_number_score("The code for sample is 048.", ex) == 0.0
-    assert first_number_score("It is 12, not 0487", ex) == 0.0
-    assert first_number_score("The code for sample is:", ex) == 0.0
-
-
-def test_wilson_interval_matches_known_values():
-    low, high = wilson_interval(81, 100)  # Wilson 95% for 81/100: [0.7222, 0.8749]
-    assert low == pytest.approx(0.7222, abs=1e-4) and high == pytest.approx(0.8749, abs=1e-4)
-    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == pytest.approx(1.0)
-    with pytest.raises(ValueError):
-        wilson_interval(0, 0)
+@pytest.fixture
+def study(experiment):
+    return experiment("kv_smollm2")
 
 
 def _part(seed, correct, depths, task="needle"):
@@ -50,10 +38,10 @@ def _part(seed, correct, depths, task="needle"):
     }
 
 
-def test_merge_pools_the_prompts_of_parts_of_one_task(tmp_path):
+def test_merge_pools_the_prompts_of_parts_of_one_task(study, tmp_path):
     a = _part(0, [1.0, 0.0, 1.0], [0.1, 0.1, 0.9])
     b = _part(1, [1.0, 1.0], [0.9, 0.5])
-    merged = merge([a, b])
+    merged = study.merge([a, b])
     (part,) = merged["accuracy"]
     row = part["rows"][0]
     assert part["n"] == 5 and part["seed"] == [0, 1] and merged["seeds"] == [0, 1]
@@ -62,13 +50,31 @@ def test_merge_pools_the_prompts_of_parts_of_one_task(tmp_path):
     assert set(row["by_depth"]) == {f"{d:g}" for d in DEPTHS} and row["by_depth"]["0.3"]["accuracy"] is None
     assert merged["cpu_seconds"] == 4.0 and part["prompt_tokens"]["max"] == 511
     with pytest.raises(ValueError, match="seed"):
-        merge([a, a])
+        study.merge([a, a])
     paths = []
     for name, part_json in (("a", a), ("b", b)):
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(part_json))
     out = tmp_path / "out.json"
-    main(["--out", str(out), "--merge", *map(str, paths)])
+    study.main(["--out", str(out), "--merge", *map(str, paths)])
     assert json.loads(out.read_text())["accuracy"][0]["n"] == 5
     with pytest.raises(SystemExit, match="exists"):
-        main(["--out", str(out), "--merge", *map(str, paths)])
+        study.main(["--out", str(out), "--merge", *map(str, paths)])
+
+
+def test_accuracy_and_timing_run_on_the_tiny_backbone(study, tmp_path, tiny_backbone, help_of):
+    assert "--merge" in help_of(study)
+    out = tmp_path / "kv.json"
+    study.main([
+        "--model", "tiny", "--out", str(out), "--tasks", "needle", "--n", "5", "--words", "20",
+        "--batch-size", "3", "--max-new-tokens", "2", "--lengths", "80",
+    ])  # fmt: skip
+    result = json.loads(out.read_text())
+    (needle,) = result["accuracy"]
+    assert needle["complete"] and needle["n"] == 5 and set(needle["per_prompt_depth"]) <= set(DEPTHS)
+    assert [row["arm"] for row in needle["rows"]][:2] == ["full", "streaming_llm@0.1"]
+    assert len(needle["rows"]) == 1 + len(study.POLICIES) * len(study.RATIOS)
+    for row in needle["rows"]:
+        assert len(row["per_prompt_correct"]) == 5 and set(row["by_depth"]) == {f"{d:g}" for d in DEPTHS}
+    assert {row["policy"] for row in result["timing"]} == {"full", *study.POLICIES}
+    assert json.loads(out.with_suffix(".partial.json").read_text())["accuracy"][0]["complete"]

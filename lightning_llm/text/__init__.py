@@ -1,8 +1,9 @@
 """Text utilities every layer shares: answers in model output, their normalisation, word counts, JSONL records,
-strict JSON values.
+strict JSON values; :mod:`lightning_llm.text.pcfg` holds the probabilistic context-free grammars whose sentences
+the PCFG data are and whose exact quantities the grammar metrics compare a model with.
 
-Verifiers and rewards parse strictly with regular expressions and never evaluate model output. This module
-imports nothing of the library.
+Verifiers and rewards parse strictly with regular expressions and never evaluate model output. This package
+imports nothing of the library outside itself.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 import pytest
 import torch
 
-from lightning_llm.metrics.pcfg import PCFG
+from lightning_llm.text.pcfg import PCFG
 
 # S -> S S is ambiguous (Catalan-many parses), A/B give two parse labels for the same words.
 _RULES = [

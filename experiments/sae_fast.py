@@ -9,7 +9,7 @@ the others, in corpus order, give the training rows:
   attention crosses conversations and a block starts mid-conversation.
 
 Both harvests keep the output of decoder layer ``layer`` for exactly the first ``num_tokens`` tokens of their
-rows (:func:`~lightning_llm.datamodules.activation_harvest.layer_activations`), so the two SAEs of a seed see
+rows (:func:`~lightning_llm.datamodules.activation_harvest.harvest_corpus`), so the two SAEs of a seed see
 the same number of activations of the same text. Per SAE seed, both modes train an identical
 :class:`~lightning_llm.modules.SparseAutoencoderModule` (TopK, same initialisation, same batch order of token
 positions) for ``steps`` batches of ``batch_size`` tokens, then are scored on the held-out conversations in the
@@ -24,13 +24,12 @@ sequential format:
 - dead latents: latents that fire on no held-out token, and the training dead fraction (silent for the last
   ``dead_window_tokens`` training tokens), L0.
 
-Run: ``python -m lightning_llm.studies.sae_fast`` (writes ``benchmarks/results/sae_fast_smollm2.json``).
+Run: ``python experiments/sae_fast.py`` (writes ``benchmarks/results/sae_fast_smollm2.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -41,21 +40,20 @@ from typing import Any
 
 import lightning as L
 import torch
+from _results import refuse_existing, write_results
 from torch import Tensor
 
 from lightning_llm.backbones import load_backbone
 from lightning_llm.backbones.inspect import decoder_layers
-from lightning_llm.datamodules import load_chat_corpus
-from lightning_llm.datamodules.activation_harvest import layer_activations, special_token_ids
-from lightning_llm.datamodules.sources import pad_sequences
+from lightning_llm.datamodules.activation_harvest import harvest_corpus, special_token_ids
 from lightning_llm.modules import SparseAutoencoderModule
-from lightning_llm.text import finite_json
 from lightning_llm.trainer import quiet_trainer
-
-__all__ = ["MODES", "harvest_corpus", "main", "render_corpus", "run"]
+from lightning_llm.types import IGNORE_INDEX
 
 MODES = ("sequential", "block")
+
 DEFAULT_OUT = Path("benchmarks/results/sae_fast_smollm2.json")
+
 METRICS = (
     "mse_special",
     "mse_ordinary",
@@ -69,69 +67,6 @@ METRICS = (
     "dead_latents_heldout",
     "dead_fraction_train",
 )
-
-
-def render_corpus(tokenizer: Any, max_length: int) -> list[Tensor]:
-    """Token ids of every corpus conversation in the chat template, cut at ``max_length``."""
-    rows = []
-    for item in load_chat_corpus():
-        text = tokenizer.apply_chat_template(item["messages"], tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_length]
-        rows.append(torch.tensor(ids, dtype=torch.long))
-    return rows
-
-
-def _training_rows(dialogues: list[Tensor], mode: str, num_tokens: int, block_size: int) -> list[Tensor]:
-    """The rows whose first ``num_tokens`` tokens are harvested: conversations, or blocks of their concatenation."""
-    if mode == "block":
-        stream = torch.cat(dialogues)
-        dialogues = list(stream[: len(stream) // block_size * block_size].split(block_size))
-    rows, used = [], 0
-    for row in dialogues:
-        rows.append(row)
-        used += len(row)
-        if used >= num_tokens:
-            return rows
-    raise ValueError(
-        f"{mode}: the training conversations hold {used} tokens, fewer than num_tokens={num_tokens}"
-    )
-
-
-def harvest_corpus(
-    model: Any, tokenizer: Any, *, layer: int, mode: str, num_tokens: int, num_val: int, max_length: int = 256,
-    block_size: int = 256, batch_size: int = 8,
-) -> dict[str, Any]:  # fmt: skip
-    """Training activations of ``mode`` (``train [num_tokens, d]``, ``train_special [num_tokens]``) and the held-out
-    conversations padded (``val``: ``input_ids``, ``attention_mask``, ``activations``, ``special_mask``)."""
-    dialogues = render_corpus(tokenizer, max_length)
-    if not 0 < num_val < len(dialogues):
-        raise ValueError(f"num_val must be in [1, {len(dialogues) - 1}], got {num_val}")
-    train_dialogues, val_dialogues = dialogues[:-num_val], dialogues[-num_val:]
-    special = torch.tensor(sorted(special_token_ids(tokenizer)))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
-    def run(rows: list[Tensor]) -> tuple[Tensor, Tensor]:
-        parts = list(layer_activations(model, layer, rows, batch_size=batch_size, pad_id=pad))
-        return torch.cat([a for a, _ in parts]), torch.cat([t for _, t in parts])
-
-    acts, ids = run(_training_rows(train_dialogues, mode, num_tokens, block_size))
-    val_acts, _ = run(val_dialogues)
-    lengths = [len(row) for row in val_dialogues]
-    mask = pad_sequences([torch.ones_like(row) for row in val_dialogues], 0)
-    input_ids = pad_sequences(val_dialogues, pad)
-    padded = torch.zeros(*mask.shape, val_acts.shape[1])
-    padded[mask.bool()] = val_acts
-    return {
-        "train": acts[:num_tokens],
-        "train_special": torch.isin(ids[:num_tokens], special),
-        "val": {
-            "input_ids": input_ids,
-            "attention_mask": mask,
-            "activations": padded,
-            "special_mask": torch.isin(input_ids, special) & mask.bool(),
-        },
-        "val_tokens": sum(lengths),
-    }
 
 
 def _batches(
@@ -177,14 +112,14 @@ def _nll(
         finally:
             if handle is not None:
                 handle.remove()
-        labels = input_ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        labels = input_ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)
         nll = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]),
             labels.reshape(-1),
-            ignore_index=-100,
+            ignore_index=IGNORE_INDEX,
             reduction="sum",
         )
-        total, tokens = total + float(nll), tokens + int((labels != -100).sum())
+        total, tokens = total + float(nll), tokens + int((labels != IGNORE_INDEX).sum())
     return total / tokens
 
 
@@ -287,7 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         paired[f"{key}_block_over_sequential"] = _spread(ratios)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "overwrite")}
     return {
-        "study": "FAST sequential vs block SAE training on a real instruct model (lightning_llm.studies.sae_fast)",
+        "study": "FAST sequential vs block SAE training on a real instruct model (experiments/sae_fast.py)",
         "settings": settings,
         "corpus": "lightning_llm/assets/chat_corpus.jsonl (templated, lightning_llm.datamodules.chat_corpus)",
         "special_token_ids": sorted(special_token_ids(tokenizer)),
@@ -329,11 +264,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
-    if args.out.exists() and not args.overwrite:
-        raise SystemExit(f"{args.out} exists; pass --overwrite or choose another --out")
-    result = finite_json(run(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    refuse_existing(args.out, args.overwrite)
+    write_results(args.out, run(args), indent=1)
     print(f"wrote {args.out}")
 
 
