@@ -22,6 +22,7 @@ import copy
 import logging
 import os
 import re
+import shlex
 import sys
 import warnings
 from typing import Any, NoReturn
@@ -36,9 +37,10 @@ from typing_extensions import override
 import lightning_llm.callbacks
 import lightning_llm.datamodules
 import lightning_llm.modules  # noqa: F401
+from lightning_llm.callbacks import InterruptCheckpoint
 from lightning_llm.trainer import StepProgressBar
 
-__all__ = ["DEBUG_ENV", "LightningLLMCLI", "condense_error", "main"]
+__all__ = ["DEBUG_ENV", "LightningLLMCLI", "checkpoint_problem", "condense_error", "main"]
 
 #: Set to ``1`` to see configuration errors in full (usage, jsonargparse's report, traceback).
 DEBUG_ENV = "LIGHTNING_LLM_DEBUG"
@@ -132,6 +134,11 @@ class LightningLLMCLI(LightningCLI):
             isinstance(cb, ProgressBar) for cb in [*given, *callbacks]
         ):
             callbacks = [*callbacks, StepProgressBar()]
+        # Ctrl-C / SIGTERM save the last completed step and print how to resume, unless the config has its own.
+        if self.config.get("subcommand") == "fit" and not any(
+            isinstance(cb, InterruptCheckpoint) for cb in [*given, *callbacks]
+        ):
+            callbacks = [*callbacks, InterruptCheckpoint(resume_command=_resume_command(self._argv))]
         return super()._instantiate_trainer(config, callbacks)
 
     #: Model arguments that say where (and whether over what) a run writes its export: on resume the config's and
@@ -145,7 +152,16 @@ class LightningLLMCLI(LightningCLI):
         # What the config and command line say, before the checkpoint's hyper-parameters are laid over it.
         self._given_model = copy.deepcopy(self.config[subcommand].get("model")) if subcommand else None
         argv = sys.argv[1:] if args is None else args
+        self._argv = list(argv) if isinstance(argv, (list, tuple)) else []
         self._model_flags = _model_flags(argv) if isinstance(argv, (list, tuple)) else set()
+        # Before Lightning reads the checkpoint's hyper-parameters (a truncated file would end in the zip reader).
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        self._checkpoint_hparams: set[str] | None = None
+        if ckpt_path:
+            checkpoint, problem = _read_checkpoint(ckpt_path)
+            if problem:
+                self.parser.error(f"--ckpt_path {ckpt_path}: {problem}")
+            self._checkpoint_hparams = set(checkpoint.get("hyper_parameters") or {})
 
     @override
     def before_instantiate_classes(self) -> None:
@@ -161,10 +177,14 @@ class LightningLLMCLI(LightningCLI):
         else:
             conflicts = []
             theirs, ours = restored.get("init_args") or Namespace(), given.get("init_args") or Namespace()
+            stored = self._checkpoint_hparams or set()
             for key in sorted(set(vars(ours)) | set(vars(theirs))):
                 if ours.get(key) == theirs.get(key):
                     continue
-                if key in self.resume_overridable:
+                if key in self.resume_overridable or key not in stored:
+                    # the export's place; or an argument the checkpoint does not hold (a module's
+                    # save_hyperparameters(ignore=...): an environment, reward functions), which Lightning's
+                    # restore resets to its default
                     theirs[key] = ours.get(key)
                 elif key in self._model_flags:
                     conflicts.append((f"--model.init_args.{key}", theirs.get(key), ours.get(key)))
@@ -187,6 +207,54 @@ def _instantiation_message(error: BaseException) -> str:
         root = root.__cause__
     found = re.search(r"class_path='([^']+)'", str(error))
     return f"{found.group(1) + ': ' if found else ''}{type(root).__name__}: {root}"
+
+
+def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
+    """What makes ``path`` unusable as ``--ckpt_path`` (missing, unreadable, truncated, not a Lightning checkpoint,
+    or one without a model state), or ``None``. Loads the file with ``torch.load(weights_only=True)`` on CPU."""
+    return _read_checkpoint(path)[1]
+
+
+def _read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], None] | tuple[None, str]:
+    """The checkpoint at ``path`` and no problem, or no checkpoint and what is wrong (see :func:`checkpoint_problem`)."""
+    import torch
+
+    if not os.path.exists(path):
+        return None, "no such file"
+    if os.path.isdir(path):
+        return None, "is a directory, not a checkpoint file"
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # the zip reader's and unpickler's errors
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return (
+            None,
+            f"not a readable checkpoint (truncated or another format): {type(error).__name__}: {reason}",
+        )
+    if (
+        not isinstance(checkpoint, dict)
+        or "state_dict" not in checkpoint
+        or "pytorch-lightning_version" not in checkpoint
+    ):
+        return None, "not a Lightning checkpoint (no 'state_dict' and 'pytorch-lightning_version' entries)"
+    return checkpoint, None
+
+
+def _resume_command(argv: list[str]) -> str:
+    """``lightning-llm`` and ``argv`` quoted for a shell, without a ``--ckpt_path`` it already has."""
+    kept: list[str] = []
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token == "--ckpt_path":
+            skip = True
+            continue
+        if isinstance(token, str) and token.startswith("--ckpt_path="):
+            continue
+        kept.append(str(token))
+    return shlex.join(["lightning-llm", *kept])
 
 
 def _model_flags(argv: list[str] | tuple[str, ...]) -> set[str]:

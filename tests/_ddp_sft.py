@@ -6,8 +6,6 @@ import sys
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch.utils.data.distributed import DistributedSampler
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_llm.callbacks import ScaLoRA
 from lightning_llm.datamodules import ChatSFTDataModule
@@ -21,22 +19,6 @@ class _Record(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.losses.append(float(trainer.callback_metrics["train/loss"]))
-
-
-class _SameGlobalOrder(ChatSFTDataModule):
-    """One process reading the global batch in the order Lightning's DDP sampler deals it to the ranks.
-
-    Under DDP Lightning always injects ``DistributedSampler(shuffle=True, seed=0)`` for training; rank r takes
-    ``perm[r::world]``. With one replica the same sampler yields ``perm`` itself, so a batch of 2B holds
-    exactly the union of the two ranks' batches of B.
-    """
-
-    def train_dataloader(self):
-        loader = super().train_dataloader()
-        sampler = DistributedSampler(loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
-        return StatefulDataLoader(
-            loader.dataset, batch_size=self.hparams.batch_size, sampler=sampler, collate_fn=loader.collate_fn
-        )
 
 
 def main(devices: int, batch_size: int, out: str, method: str = "full") -> None:
@@ -57,10 +39,9 @@ def main(devices: int, batch_size: int, out: str, method: str = "full") -> None:
     # ScaLoRA: each rank solves for the column scales from the all-reduced gradients, so replicas agree.
     lora = LoRAConfig(r=2, alpha=4, target_modules=["q_proj", "v_proj"]) if method == "scalora" else None
     module = CausalLMModule(lr=3e-3 if lora is None else 1e-2, warmup_ratio=0.0, lora=lora)
-    data_cls = ChatSFTDataModule if devices > 1 else _SameGlobalOrder
-    # shuffle=False: Lightning then injects a plain DistributedSampler (its shuffled permutation is what
-    # _SameGlobalOrder reproduces); with shuffle=True it would wrap our RandomSampler instead.
-    data = data_cls(task="arithmetic", num_train=64, num_val=8, batch_size=batch_size, shuffle=False)
+    # The same DataModule in both runs: its sampler deals one process's shuffled order to the ranks (rank r takes
+    # order[r::2]), so a batch of 2B in one process holds exactly the two ranks' batches of B.
+    data = ChatSFTDataModule(task="arithmetic", num_train=64, num_val=8, batch_size=batch_size)
     trainer.fit(module, data)
     if trainer.is_global_zero:
         # With LoRA: the adapted layers (folded base weights and factors); the rest is frozen.

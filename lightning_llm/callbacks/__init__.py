@@ -11,6 +11,7 @@ from lightning_llm.callbacks.delta_belief import DeltaBeliefReward
 from lightning_llm.callbacks.entropy import EntropyDiscriminatorClipping, EntropyDynamicsMonitor
 from lightning_llm.callbacks.expert_pruning import ExpertPruning
 from lightning_llm.callbacks.gsnr import GradientSNRMonitor, gradient_snr
+from lightning_llm.callbacks.interrupt import InterruptCheckpoint
 from lightning_llm.callbacks.larft import HindsightLengthAwareness
 from lightning_llm.callbacks.latent_thoughts import LatentThoughtsCurriculum
 from lightning_llm.callbacks.llds import LLDSRegularizer
@@ -34,6 +35,7 @@ __all__ = [
     "GradientSNRMonitor",
     "GrammarKLMonitor",
     "HindsightLengthAwareness",
+    "InterruptCheckpoint",
     "LLDSRegularizer",
     "LatentThoughtsCurriculum",
     "LayerwiseProbe",

@@ -262,11 +262,9 @@ class LatentThoughtsCurriculum(Callback):
         self._apply_fusion(pl_module)
 
     @override
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.log("curriculum/stage", float(self.stage), on_step=False, on_epoch=True, sync_dist=True)
-
-    @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Logged at the end (a run resumed mid-epoch does not start that epoch again), for the epoch just trained.
+        pl_module.log("curriculum/stage", float(self.stage), on_step=False, on_epoch=True, sync_dist=True)
         upcoming = self.stage_of_epoch(trainer.current_epoch + 1)
         if upcoming == self.stage:
             return

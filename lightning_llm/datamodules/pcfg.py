@@ -11,7 +11,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_llm.datamodules.sources import pad_sequences
+from lightning_llm.datamodules.sources import epoch_sampler, pad_sequences
 from lightning_llm.datamodules.tokenizer import check_same_tokenizer, model_tokenizer, resolve_tokenizer
 from lightning_llm.text.pcfg import PCFG
 from lightning_llm.types import IGNORE_INDEX
@@ -177,9 +177,10 @@ class PCFGDataModule(L.LightningDataModule):
         return StatefulDataLoader(
             self._train,
             batch_size=self.hparams.batch_size,
-            shuffle=True,
+            sampler=epoch_sampler(self._train, self.trainer, shuffle=True, seed=self.hparams.seed),
             collate_fn=self._collate,
             num_workers=self.hparams.num_workers,
+            # the loader draws its base seeds from this generator, not from the global RNG
             generator=torch.Generator().manual_seed(self.hparams.seed),
         )
 

@@ -9,6 +9,7 @@ a silently skipped record is a silently different experiment.
 from __future__ import annotations
 
 import json
+import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,7 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
+from typing_extensions import override
 
 from lightning_llm.backbones import apply_chat_template, stop_token_ids, turn_end_token_id
 from lightning_llm.datamodules.tasks import Task, get_task, split_train_val
@@ -31,7 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DataSourceError",
+    "EpochSampler",
     "ExampleDataModule",
+    "epoch_sampler",
     "load_records",
     "pad_sequences",
     "read_text_records",
@@ -219,6 +224,98 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt
     return apply_chat_template(tokenizer, messages, add_generation_prompt=True)
 
 
+class EpochSampler(DistributedSampler):
+    """The training order: pass ``k`` of the sampler is the ``k``-th permutation that
+    ``StatefulDataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))`` draws (with
+    ``shuffle=False``: the stored order), and under DDP rank ``r`` takes ``order[r::num_replicas]`` of it, padded
+    as ``DistributedSampler`` pads. Its ``state_dict`` (the pass and the indices yielded in it) makes a resume
+    exact in that pass and every later one.
+
+    A loader's generator draws one permutation and one 64-bit base seed each time it is iterated, and a resumed
+    ``StatefulDataLoader`` restores neither the generator nor the draws after the permutation, so the passes after
+    a resume were shuffled differently. Here the order is a function of ``(seed, pass)``: permutation ``k`` is
+    computed by replaying that draw sequence from the seed, so one process draws exactly the order the
+    generator did, and a ``DistributedSampler`` (which Lightning keeps under DDP instead of replacing it) deals
+    that same order to the ranks, so ``W`` ranks with batches of ``B`` read what one process reads with ``W·B``.
+
+    The pass counts the sampler's iterations, as the generator did (an iteration started and not finished
+    counts; a new loader starts at pass 0). Lightning's ``set_epoch`` is recorded in ``epoch`` but does not move
+    the pass: Lightning iterates the training loader once per epoch, so pass and epoch agree, and a loader
+    rebuilt every epoch (``reload_dataloaders_every_n_epochs``) keeps the orders it had.
+
+    Args:
+        dataset: A sized dataset.
+        num_replicas: Number of ranks (``1``: all the data).
+        rank: This rank.
+        shuffle: Shuffle (else the stored order).
+        seed: Seed of the shuffle.
+    """
+
+    def __init__(
+        self, dataset: Any, *, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0
+    ) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.passes = 0  # iterations started
+        self.yielded = 0  # indices yielded in the current pass
+        self._current = 0  # the pass being iterated
+        self._resume: tuple[int, int] | None = None  # (pass, yielded) from load_state_dict
+        self._drawn: tuple[int, torch.Generator] | None = None  # permutations drawn so far, and the generator
+
+    def order(self, pass_: int) -> list[int]:
+        """The indices of pass ``pass_`` over all ranks, before dealing (length ``len(dataset)``)."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if not self.shuffle:
+            return list(range(n))
+        if self._drawn is None or self._drawn[0] > pass_:
+            self._drawn = (0, torch.Generator().manual_seed(self.seed))
+        drawn, generator = self._drawn
+        for _ in range(drawn, pass_):  # replay: each earlier pass drew a permutation, then the loader's seed
+            torch.randperm(n, generator=generator)
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
+        self._drawn = (pass_, generator)
+        return torch.randperm(n, generator=generator.clone_state()).tolist()
+
+    def _shard(self, indices: list[int]) -> list[int]:
+        if self.drop_last:
+            indices = indices[: self.total_size]
+        elif (padding := self.total_size - len(indices)) > 0:
+            indices += (indices * math.ceil(padding / len(indices)))[:padding]
+        return indices[self.rank : self.total_size : self.num_replicas]
+
+    @override
+    def __iter__(self) -> Iterator[int]:
+        current, start = self._resume if self._resume is not None else (self.passes, 0)
+        self._resume = None
+        self._current, self.yielded, self.passes = current, start, current + 1
+        return self._yield(self._shard(self.order(current))[start:])
+
+    def _yield(self, indices: list[int]) -> Iterator[int]:
+        for index in indices:
+            self.yielded += 1
+            yield index
+
+    @override
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch  # recorded only: the order follows the passes (see the class docstring)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pass": self._current, "yielded": self.yielded}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The next iteration continues pass ``state_dict["pass"]`` after its first ``yielded`` indices."""
+        current, yielded = int(state_dict["pass"]), int(state_dict["yielded"])
+        if current < 0 or yielded < 0:
+            raise ValueError(f"EpochSampler: invalid state {state_dict}")
+        self._resume = (current, yielded)
+        self._current, self.yielded, self.passes = current, yielded, current
+
+
+def epoch_sampler(data: Any, trainer: L.Trainer | None, *, shuffle: bool, seed: int) -> EpochSampler:
+    """The training sampler of ``data``: an :class:`EpochSampler`, dealing to this rank under DDP."""
+    replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+    return EpochSampler(data, num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed)
+
+
 def pad_sequences(sequences: Sequence[torch.Tensor], value: int, *, left: bool = False) -> torch.Tensor:
     """Stack 1-D tensors into ``[B, max_len]``, filling with ``value`` on the right (or the left)."""
     length = max(len(sequence) for sequence in sequences)
@@ -399,12 +496,14 @@ class ExampleDataModule(L.LightningDataModule, ABC):
         self._train_data, self._val_data = self._build(train, val)
 
     def train_dataloader(self) -> StatefulDataLoader:
+        data = self._built(self._train_data)
         return StatefulDataLoader(
-            self._built(self._train_data),
+            data,
             batch_size=self.hparams.batch_size,
-            shuffle=self.hparams.shuffle,
+            sampler=epoch_sampler(data, self.trainer, shuffle=self.hparams.shuffle, seed=self.hparams.seed),
             collate_fn=self._collator(),
             num_workers=self.hparams.num_workers,
+            # the loader draws its base seeds from this generator, not from the global RNG
             generator=torch.Generator().manual_seed(self.hparams.seed),
         )
 

@@ -181,7 +181,8 @@ class GRPOModule(BackboneModule):
             if isinstance(spec, str) and spec not in ("task", "env"):
                 get_reward(spec)
         self.save_hyperparameters(ignore=["env", "rewards", "lora"])
-        self.hparams["env"] = env if isinstance(env, str) else None
+        if env is None or isinstance(env, str):  # an environment object is not stored: give env= on reload
+            self.hparams["env"] = env
         # Names of registered rewards (strings, or callables registered with register_reward) reload with the
         # checkpoint; an unregistered callable cannot, so load_from_checkpoint must be given `rewards=` then.
         self.hparams["rewards"] = reward_names(rewards)

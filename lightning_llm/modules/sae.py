@@ -335,7 +335,12 @@ class SparseAutoencoderModule(L.LightningModule):
             self.sae.remove_parallel_gradient()
 
     @override
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        # Part of the step (not on_train_batch_end, which Lightning calls after the callbacks'): a checkpoint
+        # written at the batch end, as ModelCheckpoint and InterruptCheckpoint write it, holds the renormalised rows.
         if not self.sae.rescale_acts_by_decoder_norm:
             self.sae.normalize_decoder()
 

@@ -278,3 +278,19 @@ def test_response_is_trained_up_to_the_templates_end_of_turn_not_a_different_eos
     end = tok.convert_tokens_to_ids("<end_of_turn>")
     assert trained == tok("2", add_special_tokens=False)["input_ids"] + [end]
     assert tok.eos_token_id not in ids
+
+
+def test_a_loader_state_taken_in_a_later_epoch_resumes_that_epochs_order():
+    dm = ChatSFTDataModule(num_train=40, num_val=0, batch_size=4)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    list(loader)  # epoch 0
+    it = iter(loader)
+    head = [next(it)["input_ids"] for _ in range(3)]  # epoch 1, three batches in
+    state = loader.state_dict()
+    rest = [batch["input_ids"] for batch in it]
+    fresh = dm.train_dataloader()
+    fresh.load_state_dict(state)
+    resumed = [batch["input_ids"] for batch in fresh]
+    assert len(head) + len(rest) == 10 and len(resumed) == len(rest)
+    assert all(torch.equal(a, b) for a, b in zip(rest, resumed, strict=True))

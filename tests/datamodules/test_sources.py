@@ -282,3 +282,70 @@ def test_local_data_directory_goes_through_load_dataset_for_real(tmp_path, monke
     expected = Example("What is 5 + 5?", "10", "", {"level": None})
     assert load_records(str(data), split="test", columns=MAPPING) == [expected]
     assert (tmp_path / "hf_cache").is_dir()
+
+
+def _dataset(n: int) -> list[int]:
+    return list(range(n))
+
+
+def test_epoch_sampler_draws_the_orders_of_a_seeded_shuffling_loader():
+    """Pass k is the k-th order of ``StatefulDataLoader(shuffle=True, generator=manual_seed(seed))`` (the
+    DataModules' loader before the EpochSampler): single-process orders are unchanged by it."""
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lightning_llm.datamodules.sources import EpochSampler
+
+    for n, seed in ((13, 0), (40, 3)):
+        reference = StatefulDataLoader(
+            _dataset(n), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(seed)
+        )
+        loader = StatefulDataLoader(_dataset(n), batch_size=4, sampler=EpochSampler(_dataset(n), seed=seed))
+        expected = [torch.cat(list(reference)).tolist() for _ in range(4)]
+        got = [torch.cat(list(loader)).tolist() for _ in range(4)]
+        assert got == expected and len({tuple(order) for order in got}) == 4
+        assert sorted(got[0]) == list(range(n))
+    ordered = EpochSampler(_dataset(5), shuffle=False)
+    assert list(ordered) == list(ordered) == [0, 1, 2, 3, 4]
+
+
+def test_epoch_sampler_deals_one_processes_order_to_the_ranks():
+    from lightning_llm.datamodules.sources import EpochSampler
+
+    single = EpochSampler(_dataset(11), seed=1)
+    ranks = [EpochSampler(_dataset(11), num_replicas=2, rank=r, seed=1) for r in (0, 1)]
+    for _ in range(3):  # every pass: rank r takes order[r::2], the order padded to 12 with its first index
+        order = list(single)
+        padded = order + order[:1]
+        assert [list(rank) for rank in ranks] == [padded[0::2], padded[1::2]]
+        assert len(ranks[0]) == len(ranks[1]) == 6
+
+
+def test_epoch_sampler_set_epoch_does_not_move_the_pass():
+    from lightning_llm.datamodules.sources import EpochSampler
+
+    a, b = EpochSampler(_dataset(9), seed=2), EpochSampler(_dataset(9), seed=2)
+    first = list(a)
+    b.set_epoch(5)
+    assert list(b) == first and b.epoch == 5
+    assert list(a) != first  # the next pass is the next order
+
+
+def test_epoch_sampler_state_resumes_its_pass_and_the_passes_after_it():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lightning_llm.datamodules.sources import EpochSampler
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(_dataset(10), batch_size=3, sampler=EpochSampler(_dataset(10), seed=4))
+
+    straight = loader()
+    list(straight)  # pass 0
+    it = iter(straight)
+    next(it), next(it)  # pass 1, two batches in
+    state = straight.state_dict()
+    rest = [batch.tolist() for batch in it] + [[batch.tolist() for batch in straight] for _ in range(2)]
+    resumed = loader()
+    resumed.load_state_dict(state)
+    got = [batch.tolist() for batch in resumed] + [[batch.tolist() for batch in resumed] for _ in range(2)]
+    assert got == rest
