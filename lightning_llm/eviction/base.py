@@ -270,6 +270,11 @@ def check_model(model: torch.nn.Module, needs_attention: bool) -> dict[int, torc
             )
         if getattr(text_config, "partial_rotary_factor", 1.0) != 1.0:
             raise ValueError(f"unsupported model ({config.model_type}): partial rotary embeddings")
+        if getattr(text_config, "attn_logit_softcapping", None):
+            raise ValueError(
+                f"unsupported model ({config.model_type}): attention-based eviction recomputes softmax(q k^T) "
+                "without the model's attention logit soft-capping; use a policy that needs no attention"
+            )
     return attn
 
 

@@ -130,3 +130,27 @@ def test_what_hybrid_models_refuse(hybrid, prompt):
 
     with pytest.raises(ValueError, match="every layer is sliding-window"):
         generate_with_budget(AllSliding(), prompt, policy=H2O(), budget=32, max_new_tokens=1)
+
+
+def test_attention_policies_refuse_attention_softcapping(prompt):
+    """Gemma 2 caps its attention logits; H2O/SnapKV would score an uncapped softmax, so they refuse it."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=8,
+        attn_logit_softcapping=50.0,
+    )
+    model = Gemma2ForCausalLM(config).eval()
+    with pytest.raises(ValueError, match="soft-capping"):
+        generate_with_budget(model, prompt, policy=SnapKV(2, 4), budget=16, max_new_tokens=1)
+    ref = model.generate(prompt, max_new_tokens=3, do_sample=False)
+    out = generate_with_budget(model, prompt, policy=StreamingLLM(2, 4), budget=64, max_new_tokens=3)
+    assert torch.equal(out.sequences, ref)  # a score-free policy runs, sliding layers included
