@@ -171,7 +171,7 @@ def test_a_signal_before_a_validation_saves_after_it(tmp_path, capsys, tiny_back
         CONFIGS[[c.stem for c in CONFIGS].index("needle_tiny")], tmp_path, capsys, signal.SIGTERM, 2
     )
     (stopping,) = [
-        v for k, v in torch.load(checkpoint, weights_only=False)["callbacks"].items() if "EarlyStop" in k
+        v for k, v in torch.load(checkpoint, weights_only=True)["callbacks"].items() if "EarlyStop" in k
     ]
     assert torch.isfinite(torch.as_tensor(stopping["best_score"])), stopping
 
@@ -189,7 +189,7 @@ def _check(config: Path, tmp_path: Path, capsys: Any, signum: int, stop_after: i
     line = capsys.readouterr().err.strip().splitlines()[-1]
     checkpoint = line.rsplit("--ckpt_path ", 1)[1]
     updates = _updates_per_batch(cfg["model"])
-    assert torch.load(checkpoint, weights_only=False)["global_step"] == stop_after * updates, line
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == stop_after * updates, line
     _fit(resumed_yaml, "--ckpt_path", checkpoint, callbacks=(FinalWeights(tmp_path / "resumed.pt"),))
     expected, got = _logged(straight), _logged(resumed)
     steps = {step for step, _ in expected}
