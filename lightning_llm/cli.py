@@ -271,6 +271,21 @@ def _model_flags(argv: list[str] | tuple[str, ...]) -> set[str]:
     return names
 
 
+def run_cli(args: list[str] | None = None, **overrides: Any) -> LightningLLMCLI:
+    """The ``lightning-llm`` command's CLI on ``args`` (any module and DataModule, by class path), run; returns it.
+
+    ``overrides`` go to :class:`LightningLLMCLI` (e.g. ``trainer_defaults``)."""
+    return LightningLLMCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        **overrides,
+    )
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``lightning-llm`` command (and ``python -m lightning_llm``)."""
     argv = sys.argv[1:] if args is None else list(args)
@@ -280,14 +295,7 @@ def main(args: list[str] | None = None) -> None:
         backbones_main(argv)
         return
     quiet_known_noise()
-    LightningLLMCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-    )
+    run_cli(args)
 
 
 #: Third-party messages with nothing for a user to act on: Lightning's product tips and tensorboard notice,

@@ -52,9 +52,7 @@ def _fit(
 
     ``model`` / ``data`` / ``callbacks`` (by class name) update init_args after the shared shrinking; ``edit``
     changes the loaded config in place last."""
-    from lightning.pytorch import LightningDataModule, LightningModule
-
-    from lightning_llm.cli import LightningLLMCLI
+    from lightning_llm.cli import run_cli
 
     config = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
     model_args, data_args = config["model"]["init_args"], config["data"]["init_args"]
@@ -78,14 +76,7 @@ def _fit(
         edit(config)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    return LightningLLMCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=["fit", "--config", str(path), "--trainer.fast_dev_run=true"],
-    )
+    return run_cli(["fit", "--config", str(path), "--trainer.fast_dev_run=true"])
 
 
 def _check_export(cli, save_dir: Path) -> None:
@@ -103,12 +94,17 @@ def _callback(cli, name: str):
     return next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == name)
 
 
-@pytest.fixture
-def run_dir(tmp_path, monkeypatch, smollm2_dir):
-    """A fresh working directory (configs write relative run directories) with SmolLM2 in the cache."""
+def _enter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``tmp_path`` as the working directory (configs write relative run directories)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["lightning-llm"])  # the CLI reads its arguments from args= only
     return tmp_path
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch, smollm2_dir):
+    """A fresh working directory with SmolLM2 in the cache."""
+    return _enter(tmp_path, monkeypatch)
 
 
 # --------------------------------------------------------------------------------------------- RL (GRPO)
@@ -234,12 +230,17 @@ def test_pcfg_monitors(run_dir):
 # ------------------------------------------------------------------------ SAE, IndexMem, LT, quantization
 
 
-def test_sae_on_harvested_activations(run_dir):
+@pytest.mark.parametrize(
+    ("backbone", "layer", "hidden"), [(SMOLLM2, 15, 576), (GEMMA3, 9, 640)], ids=[SMOLLM2, GEMMA3]
+)
+def test_sae_on_harvested_activations(backbone, layer, hidden, request, tmp_path, monkeypatch):
+    request.getfixturevalue("smollm2_dir" if backbone == SMOLLM2 else "gemma3_dir")
     cli = _fit(
         "sae_fast",
-        run_dir,
+        _enter(tmp_path, monkeypatch),
+        backbone=backbone,
         data={
-            "layer": 15,
+            "layer": layer,
             "max_length": 64,
             "num_tokens": 128,
             "batch_size": 64,
@@ -248,7 +249,7 @@ def test_sae_on_harvested_activations(run_dir):
         },
         model={"init_sample_tokens": 64, "expansion": 2},
     )
-    assert cli.model.hparams.d_in == 576  # SmolLM2's hidden size, read from the harvest
+    assert cli.model.hparams.d_in == hidden  # the backbone's hidden size, read from the harvest
     assert cli.trainer.global_step == 1
 
 
@@ -369,9 +370,7 @@ def test_dualgraph_callable_backend_over_causal_lm_generate(smollm2, smollm2_mod
 @pytest.fixture
 def gemma3_run_dir(tmp_path, monkeypatch, gemma3_dir):
     """As ``run_dir``, with Gemma 3 270M in the cache."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("sys.argv", ["lightning-llm"])
-    return tmp_path
+    return _enter(tmp_path, monkeypatch)
 
 
 def test_gemma3_grpo_with_warmup_clip_b_and_entropy_monitor(gemma3_run_dir):
@@ -405,23 +404,4 @@ def test_gemma3_sft_with_lora(gemma3_run_dir):
 
 def test_gemma3_dpo(gemma3_run_dir):
     cli = _fit("dpo_honeypot", gemma3_run_dir, backbone=GEMMA3, data={"max_length": 64})
-    assert cli.trainer.global_step == 1
-
-
-def test_gemma3_sae_on_harvested_activations(gemma3_run_dir):
-    cli = _fit(
-        "sae_fast",
-        gemma3_run_dir,
-        backbone=GEMMA3,
-        data={
-            "layer": 9,
-            "max_length": 64,
-            "num_tokens": 128,
-            "batch_size": 64,
-            "harvest_batch_size": 4,
-            "buffer_size": 128,
-        },
-        model={"init_sample_tokens": 64, "expansion": 2},
-    )
-    assert cli.model.hparams.d_in == 640  # Gemma 3 270M's hidden size
     assert cli.trainer.global_step == 1

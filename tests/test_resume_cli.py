@@ -11,10 +11,9 @@ import signal
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch import LightningDataModule, LightningModule
 from safetensors.torch import load_file
 
-from lightning_llm.cli import LightningLLMCLI, main
+from lightning_llm.cli import main, run_cli
 
 CONFIG = "configs/sft_tiny.yaml"
 
@@ -40,15 +39,7 @@ def _fit(root: str, *extra: str, callbacks: tuple[L.Callback, ...] = ()) -> None
         "--data.init_args.num_train", "640", "--data.init_args.num_val", "16",
         "--trainer.callbacks.init_args.num_examples", "8", "--model.init_args.save_dir", f"{root}/model", *extra,
     ]  # fmt: skip
-    LightningLLMCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        trainer_defaults={"callbacks": list(callbacks)},
-    )
+    run_cli(args, trainer_defaults={"callbacks": list(callbacks)})
 
 
 def _losses(root: str) -> dict[int, float]:

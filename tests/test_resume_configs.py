@@ -21,9 +21,8 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from lightning.pytorch import LightningDataModule, LightningModule
 
-from lightning_llm.cli import LightningLLMCLI
+from lightning_llm.cli import run_cli
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 BATCHES = 4  # training batches of a run; validation after batches 2 and 4
@@ -117,15 +116,7 @@ class FinalWeights(L.Callback):
 
 
 def _fit(config: Path, *extra: str, callbacks: tuple[L.Callback, ...] = ()) -> None:
-    LightningLLMCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=["fit", "--config", str(config), *extra],
-        trainer_defaults={"callbacks": list(callbacks)},
-    )
+    run_cli(["fit", "--config", str(config), *extra], trainer_defaults={"callbacks": list(callbacks)})
 
 
 #: Logged values that are not functions of the training (wall time) or that Lightning aggregates per epoch (an
